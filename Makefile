@@ -1,0 +1,33 @@
+# Every target sets itself up from a clean clone: a virtual environment in .venv (reused when present).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: install test lint bench clean
+
+install: $(STAMP)
+
+# torch first, alone and pinned, so nothing can resolve a (multi-GB CUDA) torch; deepspeed's sdist build then
+# needs no build isolation (it imports torch at build time and must see the same one).
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip==24.2 setuptools wheel 2>&1 | grep -v "is ignored" || true
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -c "import torch, deepspeed, zenflow; print('torch', torch.__version__, '| deepspeed', deepspeed.__version__)"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m ruff check zenflow tests bench reproduce
+	$(PY) -m pytest tests -q
+
+lint: install
+	$(PY) -m ruff check zenflow tests bench reproduce
+
+bench: install
+	$(PY) -m pytest bench/ --benchmark-only
+
+clean:
+	rm -rf $(VENV)

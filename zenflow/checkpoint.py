@@ -1,0 +1,106 @@
+"""state_dict / load_state_dict for ZenFlowAdamW: everything needed for a bit-identical resume.
+
+Saved: device masters, moments, selected indices and step counts; the host master, moments, row layout, step
+count and accumulators; the step counters; whether an overlapped host result still awaits its upload (the host
+state already holds that result, so the upload is recomputed from it on resume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from zenflow.config import ConfigError
+
+if TYPE_CHECKING:
+    from zenflow.optimizer import ZenFlowAdamW
+
+FORMAT = "zenflow-adamw/1"
+HOST_TENSORS = ("master", "exp_avg", "exp_avg_sq", "cols")
+DEVICE_TENSORS = ("sel", "unsel", "d_master", "d_exp_avg", "d_exp_avg_sq")
+DENSE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
+
+
+def pack(opt: ZenFlowAdamW) -> dict[str, Any]:
+    index = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
+    state = {}
+    for p, st in opt.state.items():
+        if "host" in st:
+            part = st["host"]
+            entry = {name: st[name] for name in DEVICE_TENSORS} | {"d_step": st["d_step"]}
+            entry |= {f"host_{name}": getattr(part, name) for name in HOST_TENSORS}
+            entry |= {"host_accumulators": list(part.accumulators), "host_counts": list(part.counts),
+                      "host_n_host": part.n_host, "host_step": part.step, "host_staged": part.staged}
+        else:
+            entry = {name: st[name] for name in DENSE_TENSORS} | {"step": st["step"]}
+        state[index[id(p)]] = entry
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[id(p)] for p in g["params"]]}
+              for g in opt.param_groups]
+    return {"format": FORMAT, "state": state, "param_groups": groups,
+            "zenflow": {"config": dataclasses.asdict(opt.config), "t": opt.t, "skipped_steps": opt.skipped_steps,
+                        "host_updates": opt.host_updates, "since_boundary": opt._since_boundary,
+                        "slot": opt._slot, "sel_mass": list(opt._sel_mass),
+                        "pending_upload": opt._pending is not None}}
+
+
+def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
+    if sd.get("format") != FORMAT:
+        raise ConfigError(f"state_dict format = {sd.get('format')!r} is not allowed: expected {FORMAT!r} "
+                          "(a ZenFlowAdamW state_dict)")
+    params = [p for g in opt.param_groups for p in g["params"]]
+    sizes = [len(g["params"]) for g in sd["param_groups"]]
+    if sizes != [len(g["params"]) for g in opt.param_groups]:
+        raise ConfigError(f"state_dict param_groups sizes {sizes} do not match the optimizer's "
+                          f"{[len(g['params']) for g in opt.param_groups]}")
+    saved_config = sd["zenflow"]["config"]
+    if saved_config != dataclasses.asdict(opt.config):
+        raise ConfigError(f"state_dict zenflow config {saved_config} differs from the optimizer's "
+                          f"{dataclasses.asdict(opt.config)}: resume with the same zenflow block")
+    if opt._pending is not None:
+        opt._worker.wait(opt._pending)  # nothing of the old run may still write host buffers
+        opt._pending = None
+    for i, entry in sd["state"].items():
+        p = params[int(i)]
+        _restore_entry(p, opt.state[p], entry)
+    for group, saved in zip(opt.param_groups, sd["param_groups"]):
+        group.update({k: v for k, v in saved.items() if k != "params"})
+    z = sd["zenflow"]
+    opt.t, opt.skipped_steps, opt.host_updates = z["t"], z["skipped_steps"], z["host_updates"]
+    opt._since_boundary, opt._slot = z["since_boundary"], z["slot"]
+    opt._sel_mass = [m.to(opt.device) for m in z["sel_mass"]]
+    if z["pending_upload"]:
+        opt._start_worker()
+        done: Future = Future()
+        done.set_result(None)
+        opt._pending = done  # the result is in the host state; the next boundary uploads it
+
+
+def _restore_entry(p: torch.Tensor, st: dict, entry: dict) -> None:
+    if "host" not in st:
+        for name in DENSE_TENSORS:
+            if st[name] is not None:
+                _check_shape(name, st[name], entry[name])
+                st[name] = entry[name].to(st[name].device, st[name].dtype, copy=True)
+        st["step"] = int(entry["step"])
+        return
+    part = st["host"]
+    _check_shape("host_master", part.master, entry["host_master"])
+    for name in HOST_TENSORS:
+        setattr(part, name, entry[f"host_{name}"].to("cpu", copy=True))
+    part.accumulators = [a.to("cpu", torch.float32, copy=True) for a in entry["host_accumulators"]]
+    part.counts = list(entry["host_counts"])
+    part.n_host, part.step, part.staged = int(entry["host_n_host"]), int(entry["host_step"]), entry["host_staged"]
+    if part.staged:  # the staged upload is a pure function of the host master
+        part.param_staging[: part.n_host].copy_(part.master[: part.n_host])
+    for name in DEVICE_TENSORS:
+        st[name] = entry[name].to(p.device, copy=True)
+    st["d_step"] = int(entry["d_step"])
+
+
+def _check_shape(name: str, mine: torch.Tensor, saved: torch.Tensor) -> None:
+    if tuple(mine.shape) != tuple(saved.shape):
+        raise ConfigError(f"state_dict {name}: shape {tuple(saved.shape)} does not match the parameter's "
+                          f"{tuple(mine.shape)}")

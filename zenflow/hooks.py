@@ -1,0 +1,62 @@
+"""A small observer API: the optimizer reports what it moves and where it blocks; telemetry attaches here.
+
+The optimizer always keeps byte totals (plain integers). Observers are optional and called synchronously; with
+none attached a blocking section costs one empty-list check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from typing import Protocol
+
+DIRECTIONS = ("d2h", "h2d")
+KINDS = ("grads", "params", "master", "moments", "indices")
+# Where the main thread can block, in the order a step meets them.
+BLOCKS = ("clip_sync", "copy_d2h", "copy_h2d", "host_wait", "host_update", "reselect")
+
+
+class Observer(Protocol):
+    def on_transfer(self, direction: str, kind: str, nbytes: int) -> None: ...
+    def on_block_start(self, what: str) -> None: ...
+    def on_block_end(self, what: str) -> None: ...
+
+
+class RemovableHandle:
+    def __init__(self, observers: list[Observer], observer: Observer) -> None:
+        self._observers, self._observer = observers, observer
+
+    def remove(self) -> None:
+        if self._observer in self._observers:
+            self._observers.remove(self._observer)
+
+
+class Observers:
+    """Byte totals by (direction, kind) plus the attached observers."""
+
+    def __init__(self) -> None:
+        self.attached: list[Observer] = []
+        self.bytes: Counter[tuple[str, str]] = Counter()
+
+    def add(self, observer: Observer) -> RemovableHandle:
+        self.attached.append(observer)
+        return RemovableHandle(self.attached, observer)
+
+    def transfer(self, direction: str, kind: str, nbytes: int) -> None:
+        self.bytes[(direction, kind)] += nbytes
+        for obs in self.attached:
+            obs.on_transfer(direction, kind, nbytes)
+
+    @contextlib.contextmanager
+    def blocking(self, what: str) -> Iterator[None]:
+        if not self.attached:
+            yield
+            return
+        for obs in self.attached:
+            obs.on_block_start(what)
+        try:
+            yield
+        finally:
+            for obs in self.attached:
+                obs.on_block_end(what)

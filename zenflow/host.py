@@ -1,0 +1,148 @@
+"""The host part: fp32 master columns, AdamW moments and gradient accumulators in CPU memory, and the worker
+thread that updates them in the background when `overlap_step` is on.
+
+Why a thread and not a process: the host update is one fused torch kernel that releases the GIL, so a thread runs
+it on its own cores at full speed while sharing the buffers with no copies, no pickling, no `__main__`
+re-import (a plain script without an `if __name__ == "__main__":` guard works), and nothing to leave behind at exit.
+docs/host-worker.md has the measurement behind this choice.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+import torch
+
+from zenflow.adam import AdamWHyper, adamw_
+
+
+class HostWorkerError(RuntimeError):
+    """The host worker failed or died; the optimizer cannot continue without its result."""
+
+
+@dataclass
+class HostColumns:
+    """Host state of one column parameter `W[out, in]`, stored transposed: row r holds column `cols[r]`.
+
+    Rows [0, n_host) are the host-owned (unselected) columns, kept contiguous so the fused AdamW kernel runs on
+    plain views; rows [n_host, in) are stale slots of the columns the device owns.
+    """
+
+    master: torch.Tensor          # [in, out] fp32
+    exp_avg: torch.Tensor         # [in, out] fp32
+    exp_avg_sq: torch.Tensor      # [in, out] fp32
+    accumulators: list[torch.Tensor]  # one or two [in, out] fp32 sums of unselected gradient columns
+    grad_staging: torch.Tensor    # [in, out] model dtype, landing buffer of device->host gradient copies
+    param_staging: torch.Tensor   # [in, out] model dtype, source of host->device parameter copies
+    cols: torch.Tensor            # [in] int64: host row -> column index
+    n_host: int                   # number of host-owned columns
+    counts: list[int]             # gradients summed in each accumulator since its last host update
+    step: int = 0                 # host AdamW updates applied to this parameter
+    staged: bool = False          # param_staging holds an update not yet uploaded
+
+    @classmethod
+    def create(cls, weight: torch.Tensor, n_accumulators: int, host_empty: Callable) -> HostColumns:
+        master = weight.detach().t().to("cpu", torch.float32, copy=True).contiguous()
+        width, out = master.shape
+        return cls(master=master, exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master),
+                   accumulators=[torch.zeros_like(master) for _ in range(n_accumulators)],
+                   grad_staging=host_empty((width, out), weight.dtype),
+                   param_staging=host_empty((width, out), weight.dtype),
+                   cols=torch.arange(width), n_host=width, counts=[0] * n_accumulators)
+
+
+def host_adamw_(groups: list[tuple[list[HostColumns], AdamWHyper]], slot: int) -> None:
+    """AdamW on the host-owned rows with the mean accumulated gradient; stage the result for upload.
+
+    Runs inline (sync) or on the worker thread (overlap); touches only the host buffers and the given slot.
+    A parameter that received no gradient since its last update is left alone (as torch.optim does).
+    """
+    for parts, hp in groups:
+        parts = [p for p in parts if p.n_host > 0 and p.counts[slot] > 0]
+        grads = [p.accumulators[slot][: p.n_host].div_(p.counts[slot]) for p in parts]
+        for p in parts:
+            p.step += 1
+        adamw_([p.master[: p.n_host] for p in parts], grads, [p.exp_avg[: p.n_host] for p in parts],
+               [p.exp_avg_sq[: p.n_host] for p in parts], [p.step for p in parts], hp)
+        for p, grad in zip(parts, grads):
+            p.param_staging[: p.n_host].copy_(p.master[: p.n_host])  # fp32 -> model dtype, ready to upload
+            grad.zero_()
+            p.counts[slot] = 0
+            p.staged = True
+
+
+class HostWorker:
+    """One background thread running host jobs in submission order, pinned to its reserved cores."""
+
+    POLL_SECONDS = 0.05  # how often a waiting step checks that the worker is still alive
+
+    def __init__(self, cores: list[int] | None) -> None:
+        self.cores = cores
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="zenflow-host-worker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        if self.cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, self.cores)  # Linux: 0 is the calling thread only
+            torch.set_num_threads(len(self.cores))  # the OpenMP team of this thread only
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # surfaced to the training loop by wait()
+                future.set_exception(exc)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, fn: Callable[[], object]) -> Future:
+        if not self.alive:
+            raise HostWorkerError("zenflow host worker is not running (closed or died); cannot submit a host update")
+        future: Future = Future()
+        self._jobs.put((fn, future))
+        return future
+
+    def wait(self, future: Future) -> object:
+        """Block until the job is done (a sync point of the training loop); raise if the worker died."""
+        while True:
+            try:
+                return future.result(timeout=self.POLL_SECONDS)
+            except FutureTimeout:
+                if not self.alive and not future.done():
+                    raise HostWorkerError("zenflow host worker died before finishing a host update") from None
+            except Exception as exc:
+                raise HostWorkerError(f"zenflow host update failed on the worker: {exc!r}") from exc
+
+    def close(self) -> None:
+        if self.alive:
+            self._jobs.put(None)
+            self._thread.join()
+
+    def _die_for_testing(self) -> None:
+        """Stop the thread without finishing queued jobs, as a crash would."""
+        self._jobs.put(None)
+        self._thread.join()
+
+
+def reserved_cores(fraction: float) -> tuple[list[int], list[int]] | None:
+    """Split the cores this process may use into (worker cores, compute cores); None if there is only one."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    n_worker = min(len(cores) - 1, max(1, round(fraction * len(cores))))
+    return cores[-n_worker:], cores[:-n_worker]

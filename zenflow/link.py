@@ -1,0 +1,58 @@
+"""The device<->host link: real copies into distinct buffers, counted.
+
+CUDA: copies run on a side stream into pinned host buffers, ordered by events, so the compute stream keeps going.
+CPU "device" (cpu-scale): the same calls are plain synchronous copies between distinct tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zenflow.hooks import Observers
+
+
+class Link:
+    def __init__(self, device: torch.device, observers: Observers) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.observers = observers
+
+    def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host buffer that takes part in transfers: pinned when the device is a GPU."""
+        return torch.empty(shape, dtype=dtype, pin_memory=self.cuda)
+
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor, kind: str) -> torch.cuda.Event | None:
+        """Start a device->host copy; the returned event (CUDA) must be waited on before `dst` is read."""
+        self.observers.transfer("d2h", kind, src.numel() * src.element_size())
+        if not self.cuda:
+            with self.observers.blocking("copy_d2h"):
+                dst.copy_(src)
+            return None
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # src was produced on the compute stream
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+            src.record_stream(self.stream)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return done
+
+    def to_device(self, src: torch.Tensor, dst: torch.Tensor, kind: str) -> torch.cuda.Event | None:
+        """Host->device copy; later work on the compute stream is ordered after it (no host wait)."""
+        self.observers.transfer("h2d", kind, src.numel() * src.element_size())
+        if not self.cuda:
+            with self.observers.blocking("copy_h2d"):
+                dst.copy_(src)
+            return None
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        torch.cuda.current_stream(self.device).wait_event(done)
+        return done
+
+    def wait(self, event: torch.cuda.Event | None) -> None:
+        """Block the host until a copy finished (CUDA sync point; a no-op on the CPU device)."""
+        if event is not None:
+            with self.observers.blocking("copy_d2h"):
+                event.synchronize()

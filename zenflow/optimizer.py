@@ -1,0 +1,436 @@
+"""ZenFlowAdamW: importance-aware offloaded AdamW (the ZenFlow step of DESIGN §2, top to bottom).
+
+Every trainable parameter with two or more dimensions is a *column param* `W[out, in]` (higher ranks are viewed as
+`[out, prod(rest)]`); everything else is a *dense param* updated on the device every step. Each `step()`:
+
+    warm-up (t < W):     every column gradient to the host, host AdamW on all of it, all columns back
+    selection (t == W, then every S steps): drain the host part, pick the top-k columns by gradient norm,
+                         move values and moments of the columns that change owner
+    device:              AdamW on the selected columns and the dense params (fp32 master and moments)
+    offload:             the unselected gradient columns to the host accumulator (only those bytes cross)
+    boundary (every U):  host AdamW on the mean accumulated gradient, then those columns back to the device;
+                         inline (sync) or in the background, applied at the next boundary (overlap_step)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import weakref
+from collections.abc import Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zenflow import checkpoint
+from zenflow.adam import AdamWHyper, adamw_, carry_moments_
+from zenflow.config import ConfigError, ZenFlowConfig, load_deepspeed_config
+from zenflow.hooks import Observer, Observers, RemovableHandle
+from zenflow.host import HostColumns, HostWorker, HostWorkerError, host_adamw_, reserved_cores
+from zenflow.link import Link
+from zenflow.selection import complement, num_selected, select_columns
+
+
+class ZenFlowAdamW(torch.optim.Optimizer):
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0,
+                 zenflow: ZenFlowConfig | dict[str, Any] | None = None, *, gradient_clipping: float = 0.0,
+                 skip_nonfinite: bool = False) -> None:
+        self.config = ZenFlowConfig.coerce(zenflow)
+        _check_hyper(lr, betas, eps, weight_decay, gradient_clipping)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.device = _check_params(self.param_groups)
+        self.gradient_clipping = float(gradient_clipping)
+        self.skip_nonfinite = skip_nonfinite or self.gradient_clipping > 0
+        self.select_interval = self.config.resolved_select_interval()
+        self.observers = Observers()
+        self.link = Link(self.device, self.observers)
+        self.t = 0  # applied steps (skipped overflow steps do not count)
+        self.skipped_steps = 0
+        self.host_updates = 0  # boundaries so far
+        self._since_boundary = 0  # steps accumulated since the last boundary
+        self._slot = 0  # accumulator being filled (two alternate when overlap_step)
+        self._sel_mass: list[torch.Tensor] = []  # "auto" update_interval: selected RMS per step
+        self._pending: Future | None = None
+        self._worker: HostWorker | None = None
+        self._saved_compute_layout: tuple[set[int], int] | None = None
+        for param in self._params():
+            self._init_state(param)
+
+    @classmethod
+    def from_deepspeed_config(cls, params: Iterable, config: str | Path | dict[str, Any]) -> ZenFlowAdamW:
+        """Build from a whole DeepSpeed JSON file (or dict): optimizer.params, gradient_clipping, zenflow block."""
+        s = load_deepspeed_config(config)
+        return cls(params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay, zenflow=s.zenflow,
+                   gradient_clipping=s.gradient_clipping, skip_nonfinite=s.dtype == "fp16")
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    def _params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+
+    def _init_state(self, p: torch.Tensor) -> None:
+        st = self.state[p]
+        if p.dim() >= 2:
+            w = _as_columns(p)
+            st["host"] = HostColumns.create(w, 2 if self.config.overlap_step else 1, self.link.host_empty)
+            st["sel"] = torch.empty(0, dtype=torch.long, device=p.device)  # device-owned columns (none yet)
+            st["unsel"] = torch.arange(w.shape[1], device=p.device)  # host-owned columns, in host row order
+            empty = torch.zeros(w.shape[0], 0, dtype=torch.float32, device=p.device)
+            st.update(d_master=empty, d_exp_avg=empty.clone(), d_exp_avg_sq=empty.clone(), d_step=0)
+        else:
+            # fp32 params are their own master; lower precision ones get an fp32 master (small updates survive)
+            st["master"] = p.detach().float().clone() if p.dtype != torch.float32 else None
+            st.update(exp_avg=torch.zeros_like(p, dtype=torch.float32),
+                      exp_avg_sq=torch.zeros_like(p, dtype=torch.float32), step=0)
+
+    def add_observer(self, observer: Observer) -> RemovableHandle:
+        """Attach telemetry: it sees every transfer (direction, kind, bytes) and every blocking section."""
+        return self.observers.add(observer)
+
+    @property
+    def transfer_bytes(self) -> dict[tuple[str, str], int]:
+        return dict(self.observers.bytes)
+
+    # ---- the step ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._raise_if_worker_died()
+        if not self._gradients_usable():
+            self.skipped_steps += 1  # overflow: skipped on both parts, nothing accumulated
+            return loss
+        warm_up = self.t < self.config.full_warm_up_rounds
+        if not warm_up and self._selection_due():
+            self.drain()  # the host part must be current before columns change owner
+            with self.observers.blocking("reselect"):
+                self._reselect()
+        self._device_update()
+        self._offload_unselected_grads()
+        self._since_boundary += 1
+        if warm_up:
+            self._boundary(overlap=False)  # warm-up: a full synchronous offload step
+        elif self._boundary_due():
+            self._boundary(overlap=self.config.overlap_step)
+        self.t += 1
+        return loss
+
+    def _gradients_usable(self) -> bool:
+        """Clip the whole gradient (before the device/host split); False if it is not finite."""
+        if not self.skip_nonfinite:
+            return True
+        grads = [p.grad for p in self._params() if p.grad is not None]
+        if not grads:
+            return True
+        if self.gradient_clipping > 0:
+            total = torch.nn.utils.clip_grad_norm_(grads, self.gradient_clipping)  # grads are tensors here
+        else:
+            total = torch.nn.utils.get_total_norm(grads)
+        with self.observers.blocking("clip_sync"):
+            return bool(torch.isfinite(total).item())  # device->host sync point
+
+    def _selection_due(self) -> bool:
+        since = self.t - self.config.full_warm_up_rounds
+        return since == 0 or since % self.select_interval == 0
+
+    def _boundary_due(self) -> bool:
+        if not self.config.auto_update:
+            return self._since_boundary >= self.config.update_interval
+        return self._auto_boundary_due()
+
+    def _device_update(self) -> None:
+        """AdamW on the device for the selected columns and the dense params, from fp32 masters."""
+        for group in self.param_groups:
+            masters, grads, exp_avgs, exp_avg_sqs, steps, writebacks = [], [], [], [], [], []
+            for p in group["params"]:
+                st = self.state.get(p)
+                if p.grad is None or not st:
+                    continue
+                if "host" in st:
+                    if st["sel"].numel() == 0:
+                        continue
+                    st["d_step"] += 1
+                    masters.append(st["d_master"])
+                    grads.append(_as_columns(p.grad).index_select(1, st["sel"]).float())
+                    exp_avgs.append(st["d_exp_avg"])
+                    exp_avg_sqs.append(st["d_exp_avg_sq"])
+                    steps.append(st["d_step"])
+                    writebacks.append((p, st))
+                else:
+                    st["step"] += 1
+                    master = st["master"] if st["master"] is not None else p
+                    masters.append(master)
+                    grads.append(p.grad.float())
+                    exp_avgs.append(st["exp_avg"])
+                    exp_avg_sqs.append(st["exp_avg_sq"])
+                    steps.append(st["step"])
+                    if st["master"] is not None:
+                        writebacks.append((p, st))
+            adamw_(masters, grads, exp_avgs, exp_avg_sqs, steps, _hyper(group))
+            for p, st in writebacks:
+                if "host" in st:
+                    _as_columns(p).index_copy_(1, st["sel"], st["d_master"].to(p.dtype))
+                else:
+                    p.copy_(st["master"])
+
+    def _offload_unselected_grads(self) -> None:
+        """Only the unselected gradient columns cross to the host, where they are summed in fp32."""
+        for p in self._params():
+            st = self.state[p]
+            part: HostColumns | None = st.get("host")
+            if p.grad is None or part is None or part.n_host == 0:
+                continue
+            n = part.n_host
+            rows = _as_columns(p.grad).t().index_select(0, st["unsel"])  # gather on the device: [n, out]
+            self.link.wait(self.link.to_host(rows, part.grad_staging[:n], "grads"))  # CUDA: host waits for copy
+            part.accumulators[self._slot][:n].add_(part.grad_staging[:n])
+            part.counts[self._slot] += 1
+            if self.config.auto_update and st["sel"].numel():
+                self._sel_mass.append(_rms(_as_columns(p.grad).index_select(1, st["sel"])))
+
+    def _boundary(self, overlap: bool) -> None:
+        """Host AdamW on the accumulated unselected gradients; upload now (sync) or at the next boundary."""
+        self.host_updates += 1
+        self._since_boundary = 0
+        self._sel_mass.clear()
+        job = functools.partial(host_adamw_, self._host_groups(), self._slot)
+        if not overlap:
+            with self.observers.blocking("host_update"):
+                job()
+            self._upload()
+            return
+        if self._pending is not None:
+            self._finish_pending()  # boundary b+1 applies the result of boundary b
+        self._pending = self._start_worker().submit(job)
+        self._slot = 1 - self._slot  # double buffer: keep accumulating while the worker reads the other one
+
+    def _finish_pending(self) -> None:
+        with self.observers.blocking("host_wait"):
+            self._worker.wait(self._pending)  # sync point: ideally already done
+        self._pending = None
+        self._upload()
+
+    def _upload(self) -> None:
+        """Host-owned columns go back to the device in the model dtype."""
+        for p in self._params():
+            st = self.state[p]
+            part: HostColumns | None = st.get("host")
+            if part is None or not part.staged:
+                continue
+            part.staged = False
+            n = part.n_host
+            landing = torch.empty((n, part.master.shape[1]), dtype=p.dtype, device=p.device)
+            self.link.to_device(part.param_staging[:n], landing, "params")
+            _as_columns(p).index_copy_(1, st["unsel"], landing.t())
+
+    def drain(self) -> None:
+        """Apply every outstanding host update now (a forced boundary), so the device params are current.
+
+        Call it before evaluating or saving the model; reselection calls it too.
+        """
+        if self._pending is not None:
+            self._finish_pending()
+        if self._since_boundary > 0:
+            self._boundary(overlap=False)
+
+    def _host_groups(self) -> list[tuple[list[HostColumns], AdamWHyper]]:
+        return [([self.state[p]["host"] for p in g["params"] if "host" in self.state.get(p, {})], _hyper(g))
+                for g in self.param_groups]
+
+    # ---- "auto" update interval -----------------------------------------------------------------------------
+    def _auto_boundary_due(self) -> bool:
+        """Fire when, for at least auto_ratio of the column params, the accumulated unselected gradient (RMS per
+        element of the running sum) has caught up with the mean RMS of the selected gradient; capped."""
+        if self._since_boundary >= self.config.max_update_interval:
+            return True
+        parts = [self.state[p] for p in self._params() if "host" in self.state[p]]
+        mixed = [st for st in parts if st["sel"].numel() and st["host"].n_host]
+        if not mixed:
+            return True  # nothing is selected (pure offload) or nothing is left to the host
+        caught_up = 0
+        for i, st in enumerate(mixed):
+            part = st["host"]
+            acc_rms = _rms(part.accumulators[self._slot][: part.n_host])
+            sel_rms = torch.stack(self._sel_mass[i::len(mixed)]).mean().cpu()  # device->host sync point
+            caught_up += int(acc_rms >= sel_rms)
+        return caught_up >= self.config.auto_ratio * len(mixed)
+
+    # ---- selection ------------------------------------------------------------------------------------------
+    def _reselect(self) -> None:
+        for p in self._params():
+            st = self.state[p]
+            if "host" in st and p.grad is not None:
+                grad = _as_columns(p.grad)
+                k = num_selected(grad.shape[1], self.config.topk_ratio)
+                self._move_columns(p, st, select_columns(grad, k, self.config.column_norm))
+
+    def _move_columns(self, p: torch.Tensor, st: dict, new_sel: torch.Tensor) -> None:
+        """Hand the columns that change owner (values and moments) to their new side; keep the rest in place."""
+        part: HostColumns = st["host"]
+        hp = _hyper(self._group_of(p))
+        width = part.master.shape[0]
+        old_sel, new_cpu = st["sel"].cpu(), new_sel.cpu()  # device->host sync point (indices)
+        self.observers.transfer("d2h", "indices", new_cpu.numel() * 8)
+        if old_sel.numel() == 0:
+            st["d_step"] = part.step  # first selection: the device continues the host's count
+        row_of = torch.empty(width, dtype=torch.long)
+        row_of[part.cols] = torch.arange(width)
+        slot_of = torch.full((width,), -1, dtype=torch.long)  # column -> position in the device buffers
+        slot_of[old_sel] = torch.arange(old_sel.numel())
+        stays = slot_of[new_cpu] >= 0
+        leaving = old_sel[~torch.isin(old_sel, new_cpu)]
+        if leaving.numel():  # device -> host, into the stale host rows of those columns
+            pos = slot_of[leaving].to(p.device)
+            for name, host in (("d_master", part.master), ("d_exp_avg", part.exp_avg),
+                               ("d_exp_avg_sq", part.exp_avg_sq)):
+                host[row_of[leaving]] = self._fetch(st[name].index_select(1, pos).t(), name)
+            rows = row_of[leaving]
+            m, v = part.exp_avg[rows], part.exp_avg_sq[rows]
+            carry_moments_(m, v, st["d_step"], part.step, hp)
+            part.exp_avg[rows], part.exp_avg_sq[rows] = m, v
+        entering = new_cpu[~stays]
+        new_buffers = {}
+        for name, host in (("d_master", part.master), ("d_exp_avg", part.exp_avg),
+                           ("d_exp_avg_sq", part.exp_avg_sq)):
+            buf = torch.empty(part.master.shape[1], new_cpu.numel(), dtype=torch.float32, device=p.device)
+            if stays.any():
+                src = slot_of[new_cpu[stays]].to(p.device)
+                buf[:, stays.nonzero().squeeze(1).to(p.device)] = st[name].index_select(1, src)
+            if entering.numel():
+                block = host[row_of[entering]].clone()
+                if name != "d_master":
+                    self._carry(block, name, part.step, st["d_step"], hp)
+                buf[:, (~stays).nonzero().squeeze(1).to(p.device)] = self._send(block, p.device, name).t()
+            new_buffers[name] = buf
+        st.update(new_buffers)
+        # new host layout: unselected columns first and contiguous (the fused kernel runs on views)
+        unsel = complement(new_cpu, width)
+        new_cols = torch.cat([unsel, new_cpu])
+        order = row_of[new_cols]
+        part.master, part.exp_avg, part.exp_avg_sq = (t[order] for t in (part.master, part.exp_avg,
+                                                                          part.exp_avg_sq))
+        part.cols, part.n_host = new_cols, unsel.numel()
+        st["sel"], st["unsel"] = new_sel.to(p.device), unsel.to(p.device)
+        self.observers.transfer("h2d", "indices", unsel.numel() * 8)
+
+    def _fetch(self, src: torch.Tensor, name: str) -> torch.Tensor:
+        dst = self.link.host_empty(tuple(src.shape), src.dtype)
+        self.link.wait(self.link.to_host(src.contiguous(), dst, "master" if name == "d_master" else "moments"))
+        return dst
+
+    def _send(self, src: torch.Tensor, device: torch.device, name: str) -> torch.Tensor:
+        dst = torch.empty(src.shape, dtype=src.dtype, device=device)
+        self.link.to_device(src, dst, "master" if name == "d_master" else "moments")
+        return dst
+
+    @staticmethod
+    def _carry(block: torch.Tensor, name: str, from_step: int, to_step: int, hp: AdamWHyper) -> None:
+        beta = hp.beta1 if name == "d_exp_avg" else hp.beta2
+        if from_step and from_step != to_step and to_step:
+            block.mul_((1 - beta ** to_step) / (1 - beta ** from_step))
+
+    def _group_of(self, p: torch.Tensor) -> dict:
+        return next(g for g in self.param_groups if any(q is p for q in g["params"]))
+
+    # ---- worker lifecycle ------------------------------------------------------------------------------------
+    def _start_worker(self) -> HostWorker:
+        if self._worker is None:
+            split = reserved_cores(self.config.pt_reserved_cores_perc)
+            if split is not None:  # the worker gets its own cores; compute keeps the rest
+                worker_cores, compute_cores = split
+                self._saved_compute_layout = (os.sched_getaffinity(0), torch.get_num_threads())
+                os.sched_setaffinity(0, compute_cores)
+                torch.set_num_threads(len(compute_cores))
+            self._worker = HostWorker(split[0] if split else None)
+            self._finalizer = weakref.finalize(self, self._worker.close)
+        return self._worker
+
+    def _raise_if_worker_died(self) -> None:
+        if self._pending is not None and not self._pending.done() and not self._worker.alive:
+            raise HostWorkerError("zenflow host worker died with a host update in flight; restart from a checkpoint")
+
+    def close(self, flush: bool = True) -> None:
+        """Apply outstanding host updates (flush=True), stop the worker and give the compute cores back."""
+        if flush and self._worker is not None and self._worker.alive:
+            self.drain()
+        if self._worker is not None:
+            self._worker.close()
+            self._pending = None
+        if self._saved_compute_layout is not None:
+            cores, threads = self._saved_compute_layout
+            os.sched_setaffinity(0, cores)
+            torch.set_num_threads(threads)
+            self._saved_compute_layout = None
+
+    def __enter__(self) -> ZenFlowAdamW:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(flush=exc_type is None)
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self._pending is not None:
+            with self.observers.blocking("host_wait"):
+                self._worker.wait(self._pending)  # host state must be complete; its upload stays pending
+        return checkpoint.pack(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        checkpoint.unpack(self, state_dict)
+
+
+def _as_columns(t: torch.Tensor) -> torch.Tensor:
+    """View a parameter (or its gradient) as `[out, in]`: columns are dim 1."""
+    return t.view(t.shape[0], -1)
+
+
+def _rms(t: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(t.float()) / max(1, t.numel()) ** 0.5
+
+
+def _hyper(group: dict) -> AdamWHyper:
+    beta1, beta2 = group["betas"]
+    return AdamWHyper(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                      weight_decay=group["weight_decay"])
+
+
+def _check_hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay: float, clip: float) -> None:
+    def bad(field: str, value: Any, allowed: str) -> None:
+        raise ConfigError(f"{field} = {value!r} is not allowed: expected {allowed}")
+
+    if isinstance(lr, torch.Tensor) or not isinstance(lr, (int, float)) or lr < 0:
+        bad("lr", lr, "a number >= 0")
+    if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+            or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas)):
+        bad("betas", betas, "two numbers in [0, 1)")
+    if not isinstance(eps, (int, float)) or eps <= 0:
+        bad("eps", eps, "a number > 0")
+    if not isinstance(weight_decay, (int, float)) or weight_decay < 0:
+        bad("weight_decay", weight_decay, "a number >= 0")
+    if not isinstance(clip, (int, float)) or clip < 0:
+        bad("gradient_clipping", clip, "a number >= 0 (0 disables clipping)")
+
+
+def _check_params(groups: list[dict]) -> torch.device:
+    """One device, real floating dtypes, contiguous weights: checked before any state exists."""
+    devices = set()
+    for gi, group in enumerate(groups):
+        for pi, p in enumerate(group["params"]):
+            where = f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)}, {p.dtype})"
+            if not p.is_floating_point():
+                raise ConfigError(f"{where}: dtype {p.dtype} is not allowed: expected a floating dtype")
+            if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise ConfigError(f"{where}: dtype {p.dtype} is not allowed: expected float32, bfloat16 or float16")
+            if p.is_sparse:
+                raise ConfigError(f"{where}: sparse parameters are not allowed: expected a dense tensor")
+            if p.dim() >= 2 and not p.is_contiguous():
+                raise ConfigError(f"{where}: a non-contiguous weight is not allowed: expected a contiguous tensor "
+                                  "(its columns are viewed as [out, prod(rest)])")
+            devices.add(p.device)
+    if len(devices) != 1:
+        raise ConfigError(f"parameters on {sorted(map(str, devices))}: expected all on one device")
+    return devices.pop()
