@@ -105,10 +105,6 @@ def _validate(c: ZenFlowConfig) -> None:
         value = getattr(c, name)
         if value != AUTO and (not _is_int(value) or value < 1):
             _fail(name, value, '"auto" or an integer >= 1')
-    if _is_int(c.update_interval) and _is_int(c.select_interval) and c.select_strategy != "epoch":
-        if c.select_interval < c.update_interval:
-            _fail("select_interval", c.select_interval,
-                  f"an integer >= update_interval ({c.update_interval}): reselection waits for a host boundary")
     if not _is_int(c.full_warm_up_rounds) or c.full_warm_up_rounds < 0:
         _fail("full_warm_up_rounds", c.full_warm_up_rounds, "an integer >= 0")
     for name in ("overlap_step", "offload"):
@@ -122,6 +118,12 @@ def _validate(c: ZenFlowConfig) -> None:
         _fail("steps_per_epoch", c.steps_per_epoch, "null or an integer >= 1")
     if c.select_strategy == "epoch" and c.steps_per_epoch is None:
         _fail("select_strategy", c.select_strategy, '"step" or "auto" unless steps_per_epoch is given')
+    # select_interval counts steps only under the "step" strategy ("auto" with steps_per_epoch counts epochs)
+    counts_steps = c.select_strategy == "step" or (c.select_strategy == AUTO and c.steps_per_epoch is None)
+    if counts_steps and _is_int(c.update_interval) and _is_int(c.select_interval):
+        if c.select_interval < c.update_interval:
+            _fail("select_interval", c.select_interval,
+                  f"an integer >= update_interval ({c.update_interval}): reselection waits for a host boundary")
     if c.column_norm not in COLUMN_NORMS:
         _fail("column_norm", c.column_norm, f"one of {COLUMN_NORMS}")
     if not _is_int(c.max_update_interval) or c.max_update_interval < 1:
@@ -160,19 +162,19 @@ def load_deepspeed_config(source: str | Path | dict[str, Any]) -> OptimizerSetti
     device part and 0 on the host part: divergence E).
     """
     ds = _read_json(source) if not isinstance(source, dict) else source
-    zero = ds.get("zero_optimization") or {}
-    if "zenflow" not in zero:
+    zero = _section(ds.get("zero_optimization"), "zero_optimization")
+    if zero.get("zenflow") is None:  # DeepSpeed reads "zenflow": null as ZenFlow off
         raise ConfigError("zero_optimization.zenflow: missing; a ZenFlow optimizer needs the zenflow block")
-    offload = (zero.get("offload_optimizer") or {}).get("device", "none")
+    offload = _section(zero.get("offload_optimizer"), "zero_optimization.offload_optimizer").get("device", "none")
     if offload != "cpu":
         raise ConfigError(f"zero_optimization.offload_optimizer.device = {offload!r} is not allowed with zenflow: "
                           "expected \"cpu\" (ZenFlow is an extension of ZeRO-Offload)")
-    optimizer = ds.get("optimizer") or {"type": "AdamW", "params": {}}
+    optimizer = _section(ds.get("optimizer"), "optimizer") or {"type": "AdamW", "params": {}}
     kind = str(optimizer.get("type", "AdamW")).lower()
     if kind not in OPTIMIZER_TYPES:
         raise ConfigError(f"optimizer.type = {optimizer.get('type')!r} is not allowed: expected one of "
                           f"{OPTIMIZER_TYPES} (ZenFlow implements AdamW)")
-    params = dict(optimizer.get("params") or {})
+    params = dict(_section(optimizer.get("params"), "optimizer.params"))
     known = ["lr", "betas", "eps", "weight_decay", "torch_adam", "adam_w_mode", "bias_correction", "amsgrad"]
     _reject_unknown_keys(params, known, "optimizer.params")
     if params.get("amsgrad"):
@@ -180,28 +182,45 @@ def load_deepspeed_config(source: str | Path | dict[str, Any]) -> OptimizerSetti
     if params.get("adam_w_mode") is False:
         raise ConfigError("optimizer.params.adam_w_mode = false is not allowed: expected true (decoupled decay)")
     clipping = ds.get("gradient_clipping", 0.0)
-    if not _is_number(clipping) or clipping < 0:
+    if not _is_number(clipping) or not clipping >= 0:  # also rejects NaN
         raise ConfigError(f"gradient_clipping = {clipping!r} is not allowed: expected a number >= 0")
-    bf16 = bool((ds.get("bf16") or {}).get("enabled", False))
-    fp16 = bool((ds.get("fp16") or {}).get("enabled", False))
+    bf16, fp16 = (_section(ds.get(name), name).get("enabled", False) for name in ("bf16", "fp16"))
+    for name, enabled in (("bf16", bf16), ("fp16", fp16)):
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"{name}.enabled = {enabled!r} is not allowed: expected true or false")
     if bf16 and fp16:
         raise ConfigError("bf16.enabled and fp16.enabled are both true: expected at most one")
+    betas = params.get("betas", (0.9, 0.999))
     return OptimizerSettings(
         lr=params.get("lr", 1e-3),
-        betas=tuple(params.get("betas", (0.9, 0.999))),
+        betas=tuple(betas) if isinstance(betas, (list, tuple)) else betas,  # anything else: rejected by name later
         eps=params.get("eps", 1e-8),
         weight_decay=params.get("weight_decay", 0.0),
         gradient_clipping=float(clipping),
         dtype="bf16" if bf16 else "fp16" if fp16 else "fp32",
-        zenflow=ZenFlowConfig.from_dict(zero["zenflow"]),
+        zenflow=ZenFlowConfig.from_dict(_section(zero["zenflow"], "zero_optimization.zenflow")),
     )
 
 
+def _section(value: Any, where: str) -> dict[str, Any]:
+    """A config section: absent/null reads as empty; anything but a JSON object is an error naming the section."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} = {value!r} is not allowed: expected an object ({{...}})")
+    return value
+
+
 def _read_json(path: str | Path) -> dict[str, Any]:
+    if not isinstance(path, (str, Path)):
+        raise ConfigError(f"DeepSpeed config = {path!r} is not allowed: expected a dict or a path to a JSON file")
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        ds = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"DeepSpeed config {str(path)!r}: file not found") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"DeepSpeed config {str(path)!r}: not valid JSON ({exc})") from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise ConfigError(f"DeepSpeed config {str(path)!r}: cannot be read ({exc.strerror})") from None
+    return _section(ds, f"DeepSpeed config {str(path)!r}")

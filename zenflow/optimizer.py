@@ -58,6 +58,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._saved_compute_layout: tuple[set[int], int] | None = None
         for param in self._params():
             self._init_state(param)
+        if self.config.overlap_step:
+            self._start_worker()  # last: binds cores once, so the whole run computes with the same threads
 
     @classmethod
     def from_deepspeed_config(cls, params: Iterable, config: str | Path | dict[str, Any]) -> ZenFlowAdamW:
@@ -227,6 +229,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self.link.to_device(part.param_staging[:n], landing, "params")
             _as_columns(p).index_copy_(1, st["unsel"], landing.t())
 
+    @torch.no_grad()
     def drain(self) -> None:
         """Apply every outstanding host update now (a forced boundary), so the device params are current.
 

@@ -1,0 +1,91 @@
+"""The overlap worker: failures surface as exceptions within 5 s, and nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import Future
+
+import pytest
+import torch
+from helpers import Interleaved, train_steps, zenflow
+
+import zenflow.optimizer as optimizer_module
+from zenflow import HostWorkerError
+
+OVERLAP = dict(topk_ratio=0.2, update_interval=2, overlap_step=True)
+
+
+def worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "zenflow-host-worker" and t.is_alive()]
+
+
+def test_killed_worker_with_an_update_in_flight_raises_within_5s():
+    model = Interleaved([8, 8, 3], seed=0)
+    opt = zenflow(model, **OVERLAP)
+    train_steps(model, opt, 3, seed=0)
+    opt._worker._die_for_testing()
+    opt._pending = Future()  # a host update the dead worker will never finish
+    start = time.monotonic()
+    with pytest.raises(HostWorkerError, match="died"):
+        train_steps(model, opt, 1, seed=0, start=3)
+    assert time.monotonic() - start < 5
+    opt.close()
+
+
+def test_worker_dead_at_a_boundary_raises_instead_of_submitting():
+    model = Interleaved([8, 8, 3], seed=0)
+    opt = zenflow(model, **OVERLAP)
+    train_steps(model, opt, 2, seed=0)
+    opt._worker._die_for_testing()
+    start = time.monotonic()
+    with pytest.raises(HostWorkerError):
+        train_steps(model, opt, 4, seed=0, start=2)
+    assert time.monotonic() - start < 5
+    opt.close(flush=False)
+
+
+def test_exception_in_host_update_surfaces_at_the_next_boundary(monkeypatch):
+    def broken(*args, **kwargs):
+        raise MemoryError("host out of memory (simulated)")
+
+    model = Interleaved([8, 8, 3], seed=0)
+    opt = zenflow(model, **OVERLAP)
+    monkeypatch.setattr(optimizer_module, "host_adamw_", broken)
+    start = time.monotonic()
+    with pytest.raises(HostWorkerError, match="simulated"):
+        train_steps(model, opt, 6, seed=0)
+    assert time.monotonic() - start < 5
+    opt.close(flush=False)
+
+
+def test_close_and_with_block_stop_the_worker_and_restore_compute_cores():
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    model = Interleaved([8, 8, 3], seed=0)
+    with zenflow(model, **OVERLAP) as opt:
+        assert worker_threads()
+        train_steps(model, opt, 5, seed=0)
+    assert not worker_threads()
+    assert os.sched_getaffinity(0) == cores and torch.get_num_threads() == threads
+    assert opt._pending is None  # the with block drained the last host update
+
+
+def test_plain_script_without_main_guard_exits_cleanly_with_the_worker_running(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from helpers import Interleaved, train_steps, zenflow
+        model = Interleaved([8, 8, 3], seed=0)
+        opt = zenflow(model, topk_ratio=0.2, update_interval=2, overlap_step=True)
+        train_steps(model, opt, 7, seed=0)
+        print("trained", opt.host_updates)
+        # no close(), no __main__ guard: interpreter exit must not hang or leave anything behind
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "trained 3" in done.stdout
