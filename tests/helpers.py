@@ -41,7 +41,8 @@ def set_grads(model: torch.nn.Module, grads: list[torch.Tensor]) -> None:
         p.grad = g.clone()
 
 
-def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int, start: int = 0) -> list[float]:
+def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int,
+                start: int = 0) -> list[float]:
     """Real forward/backward steps on a fixed regression task; batch i depends only on (seed, i)."""
     width = next(model.parameters()).shape[1]
     losses = []

@@ -37,6 +37,23 @@ def test_killed_worker_with_an_update_in_flight_raises_within_5s():
     opt.close()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point
+def test_worker_thread_dying_in_the_middle_of_a_host_update_raises_within_5s(monkeypatch):
+    def dies(*args, **kwargs):
+        time.sleep(0.3)
+        sys.exit()  # ends the worker thread without resolving its job
+
+    model = Interleaved([8, 8, 3], seed=0)
+    opt = zenflow(model, **OVERLAP)
+    monkeypatch.setattr(optimizer_module, "host_adamw_", dies)
+    train_steps(model, opt, 2, seed=0)  # boundary 1 submitted; the worker dies while running it
+    start = time.monotonic()
+    with pytest.raises(HostWorkerError, match="died"):
+        train_steps(model, opt, 2, seed=0, start=2)  # boundary 2 waits for boundary 1
+    assert time.monotonic() - start < 5
+    opt.close(flush=False)
+
+
 def test_worker_dead_at_a_boundary_raises_instead_of_submitting():
     model = Interleaved([8, 8, 3], seed=0)
     opt = zenflow(model, **OVERLAP)

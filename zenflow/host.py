@@ -101,8 +101,9 @@ class HostWorker:
                 continue
             try:
                 future.set_result(fn())
-            except BaseException as exc:  # surfaced to the training loop by wait()
+            except Exception as exc:  # surfaced to the training loop by wait()
                 future.set_exception(exc)
+            # anything else (SystemExit, a crash in C++) ends the thread: wait() notices the death
 
     @property
     def alive(self) -> bool:
