@@ -12,7 +12,6 @@ install: $(STAMP)
 # needs no build isolation (it imports torch at build time and must see the same one).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip==24.2 setuptools wheel 2>&1 | grep -v "is ignored" || true
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
 	$(PY) -m pip install -q -e ".[test]"

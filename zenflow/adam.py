@@ -33,14 +33,12 @@ def adamw_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list
                       maximize=False)
 
 
-def carry_moments_(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, from_step: int, to_step: int,
-                   hp: AdamWHyper) -> None:
-    """Re-express moments counted under `from_step` updates for a side that has made `to_step` updates.
+def rebase_moment_(moment: torch.Tensor, beta: float, from_step: int, to_step: int) -> None:
+    """Re-express a moment accumulated over `from_step` updates for a side that has made `to_step` updates.
 
-    A column that changes owner keeps its bias-corrected moments m/(1-b1^s) and v/(1-b2^s) exactly at the
-    moment of the move; each side keeps one integer step count per parameter (so the fused kernel applies).
+    A column that changes owner keeps its bias-corrected moment m/(1-beta^s) exactly at the move, while each
+    side keeps one integer step count per parameter (so the fused kernel applies to whole tensors).
+    A zero count means the moment is still zero (nothing to rescale).
     """
-    if from_step == to_step or from_step == 0:
-        return  # identical counts, or moments still zero
-    exp_avg.mul_((1 - hp.beta1 ** to_step) / (1 - hp.beta1 ** from_step))
-    exp_avg_sq.mul_((1 - hp.beta2 ** to_step) / (1 - hp.beta2 ** from_step))
+    if from_step and to_step and from_step != to_step:
+        moment.mul_((1 - beta ** to_step) / (1 - beta ** from_step))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zenflow.config import ConfigError
+from zenflow.host import HostColumns
 
 if TYPE_CHECKING:
     from zenflow.optimizer import ZenFlowAdamW
@@ -33,7 +34,7 @@ def pack(opt: ZenFlowAdamW) -> dict[str, Any]:
             entry = {name: st[name] for name in DEVICE_TENSORS} | {"d_step": st["d_step"]}
             entry |= {f"host_{name}": getattr(part, name) for name in HOST_TENSORS}
             entry |= {"host_accumulators": list(part.accumulators), "host_counts": list(part.counts),
-                      "host_n_host": part.n_host, "host_step": part.step, "host_staged": part.staged}
+                      "host_step": part.step, "host_staged": part.staged}
         else:
             entry = {name: st[name] for name in DENSE_TENSORS} | {"step": st["step"]}
         state[index[id(p)]] = entry
@@ -59,12 +60,14 @@ def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
     if saved_config != dataclasses.asdict(opt.config):
         raise ConfigError(f"state_dict zenflow config {saved_config} differs from the optimizer's "
                           f"{dataclasses.asdict(opt.config)}: resume with the same zenflow block")
+    entries = [(params[int(i)], entry) for i, entry in sd["state"].items()]
+    for p, entry in entries:  # check everything before changing anything
+        _check_entry(p, opt.state[p], entry)
     if opt._pending is not None:
         opt._worker.wait(opt._pending)  # nothing of the old run may still write host buffers
         opt._pending = None
-    for i, entry in sd["state"].items():
-        p = params[int(i)]
-        _restore_entry(p, opt.state[p], entry)
+    for p, entry in entries:
+        _restore_entry(opt, p, opt.state[p], entry)
     for group, saved in zip(opt.param_groups, sd["param_groups"]):
         group.update({k: v for k, v in saved.items() if k != "params"})
     z = sd["zenflow"]
@@ -78,23 +81,41 @@ def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
         opt._pending = done  # the result is in the host state; the next boundary uploads it
 
 
-def _restore_entry(p: torch.Tensor, st: dict, entry: dict) -> None:
+def _check_entry(p: torch.Tensor, st: dict, entry: dict) -> None:
+    if ("host" in st) != ("host_master" in entry):
+        raise ConfigError(f"state_dict entry for a parameter of shape {tuple(p.shape)} is of the wrong kind "
+                          "(column vs dense): the parameters are not the ones it was saved from")
     if "host" not in st:
         for name in DENSE_TENSORS:
             if st[name] is not None:
                 _check_shape(name, st[name], entry[name])
+        return
+    part = st["host"]
+    width = part.master.shape[1] + st["sel"].numel()
+    saved_width = entry["host_master"].shape[1] + entry["sel"].numel()
+    if (part.master.shape[0], width) != (entry["host_master"].shape[0], saved_width):
+        raise ConfigError(f"state_dict host_master: a weight of {entry['host_master'].shape[0]}x{saved_width} "
+                          f"does not match the parameter's {part.master.shape[0]}x{width}")
+
+
+def _restore_entry(opt: ZenFlowAdamW, p: torch.Tensor, st: dict, entry: dict) -> None:
+    if "host" not in st:
+        for name in DENSE_TENSORS:
+            if st[name] is not None:
                 st[name] = entry[name].to(st[name].device, st[name].dtype, copy=True)
         st["step"] = int(entry["step"])
         return
     part = st["host"]
-    _check_shape("host_master", part.master, entry["host_master"])
-    for name in HOST_TENSORS:
-        setattr(part, name, entry[f"host_{name}"].to("cpu", copy=True))
-    part.accumulators = [a.to("cpu", torch.float32, copy=True) for a in entry["host_accumulators"]]
-    part.counts = list(entry["host_counts"])
-    part.n_host, part.step, part.staged = int(entry["host_n_host"]), int(entry["host_step"]), entry["host_staged"]
-    if part.staged:  # the staged upload is a pure function of the host master
-        part.param_staging[: part.n_host].copy_(part.master[: part.n_host])
+    restored = HostColumns.create(*(entry[f"host_{name}"].to("cpu", copy=True) for name in HOST_TENSORS),
+                                  model_dtype=p.dtype, n_accumulators=len(part.accumulators),
+                                  host_empty=opt.link.host_empty,
+                                  step=int(entry["host_step"]))
+    for acc, saved in zip(restored.accumulators, entry["host_accumulators"]):
+        acc.copy_(saved)
+    restored.counts, restored.staged = list(entry["host_counts"]), entry["host_staged"]
+    if restored.staged:  # the staged upload is a pure function of the host master
+        restored.param_staging.copy_(restored.master)
+    st["host"] = restored
     for name in DEVICE_TENSORS:
         st[name] = entry[name].to(p.device, copy=True)
     st["d_step"] = int(entry["d_step"])

@@ -28,33 +28,42 @@ class HostWorkerError(RuntimeError):
 
 @dataclass
 class HostColumns:
-    """Host state of one column parameter `W[out, in]`, stored transposed: row r holds column `cols[r]`.
+    """Host state of the host-owned (unselected) columns of one column parameter `W[out, in]`.
 
-    Rows [0, n_host) are the host-owned (unselected) columns, kept contiguous so the fused AdamW kernel runs on
-    plain views; rows [n_host, in) are stale slots of the columns the device owns.
+    Every buffer is a contiguous `[out, n_host]` block whose column `i` is column `cols[i]` of `W`, so the fused
+    AdamW kernel runs on whole tensors and the device gathers/scatters rows, never strided columns.
     """
 
-    master: torch.Tensor          # [in, out] fp32
-    exp_avg: torch.Tensor         # [in, out] fp32
-    exp_avg_sq: torch.Tensor      # [in, out] fp32
-    accumulators: list[torch.Tensor]  # one or two [in, out] fp32 sums of unselected gradient columns
-    grad_staging: torch.Tensor    # [in, out] model dtype, landing buffer of device->host gradient copies
-    param_staging: torch.Tensor   # [in, out] model dtype, source of host->device parameter copies
-    cols: torch.Tensor            # [in] int64: host row -> column index
-    n_host: int                   # number of host-owned columns
+    master: torch.Tensor          # [out, n_host] fp32
+    exp_avg: torch.Tensor         # [out, n_host] fp32
+    exp_avg_sq: torch.Tensor      # [out, n_host] fp32
+    accumulators: list[torch.Tensor]  # one or two [out, n_host] fp32 sums of unselected gradient columns
+    grad_staging: torch.Tensor    # [out, n_host] model dtype, landing buffer of device->host gradient copies
+    param_staging: torch.Tensor   # [out, n_host] model dtype, source of host->device parameter copies
+    cols: torch.Tensor            # [n_host] int64, ascending: which columns of W these are
     counts: list[int]             # gradients summed in each accumulator since its last host update
     step: int = 0                 # host AdamW updates applied to this parameter
     staged: bool = False          # param_staging holds an update not yet uploaded
 
+    @property
+    def n_host(self) -> int:
+        return self.cols.numel()
+
     @classmethod
-    def create(cls, weight: torch.Tensor, n_accumulators: int, host_empty: Callable) -> HostColumns:
-        master = weight.detach().t().to("cpu", torch.float32, copy=True).contiguous()
-        width, out = master.shape
-        return cls(master=master, exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master),
-                   accumulators=[torch.zeros_like(master) for _ in range(n_accumulators)],
-                   grad_staging=host_empty((width, out), weight.dtype),
-                   param_staging=host_empty((width, out), weight.dtype),
-                   cols=torch.arange(width), n_host=width, counts=[0] * n_accumulators)
+    def create(cls, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, cols: torch.Tensor,
+               model_dtype: torch.dtype, n_accumulators: int, host_empty: Callable, step: int = 0) -> HostColumns:
+        shape = tuple(master.shape)
+        return cls(master=master, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
+                   accumulators=[torch.zeros(shape) for _ in range(n_accumulators)],
+                   grad_staging=host_empty(shape, model_dtype), param_staging=host_empty(shape, model_dtype),
+                   cols=cols, counts=[0] * n_accumulators, step=step)
+
+    @classmethod
+    def all_columns(cls, weight: torch.Tensor, n_accumulators: int, host_empty: Callable) -> HostColumns:
+        """Initial state: the host owns every column (nothing is selected before the first selection)."""
+        master = weight.detach().to("cpu", torch.float32, copy=True).contiguous()
+        return cls.create(master, torch.zeros_like(master), torch.zeros_like(master),
+                          torch.arange(master.shape[1]), weight.dtype, n_accumulators, host_empty)
 
 
 def host_adamw_(groups: list[tuple[list[HostColumns], AdamWHyper]], slot: int) -> None:
@@ -65,13 +74,13 @@ def host_adamw_(groups: list[tuple[list[HostColumns], AdamWHyper]], slot: int) -
     """
     for parts, hp in groups:
         parts = [p for p in parts if p.n_host > 0 and p.counts[slot] > 0]
-        grads = [p.accumulators[slot][: p.n_host].div_(p.counts[slot]) for p in parts]
+        grads = [p.accumulators[slot].div_(p.counts[slot]) for p in parts]
         for p in parts:
             p.step += 1
-        adamw_([p.master[: p.n_host] for p in parts], grads, [p.exp_avg[: p.n_host] for p in parts],
-               [p.exp_avg_sq[: p.n_host] for p in parts], [p.step for p in parts], hp)
+        adamw_([p.master for p in parts], grads, [p.exp_avg for p in parts], [p.exp_avg_sq for p in parts],
+               [p.step for p in parts], hp)
         for p, grad in zip(parts, grads):
-            p.param_staging[: p.n_host].copy_(p.master[: p.n_host])  # fp32 -> model dtype, ready to upload
+            p.param_staging.copy_(p.master)  # fp32 -> model dtype, ready to upload
             grad.zero_()
             p.counts[slot] = 0
             p.staged = True

@@ -51,6 +51,30 @@ class Link:
         torch.cuda.current_stream(self.device).wait_event(done)
         return done
 
+    def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor, kind: str) -> None:
+        """`dst[:] = src[:, columns]` with `src` on the device and `dst` on the host; returns when `dst` is ready.
+
+        CUDA: gather on the device, then one contiguous copy (a host wait: sync point). CPU device: the gather
+        writes straight into the distinct host buffer, which is the copy.
+        """
+        if not self.cuda:
+            self.observers.transfer("d2h", kind, dst.numel() * src.element_size())
+            with self.observers.blocking("copy_d2h"):
+                torch.index_select(src, 1, columns, out=dst)
+            return
+        self.wait(self.to_host(src.index_select(1, columns), dst, kind))
+
+    def scatter_to_device(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor, kind: str) -> None:
+        """`dst[:, columns] = src` with `src` on the host; ordered before later work on the compute stream."""
+        if not self.cuda:
+            self.observers.transfer("h2d", kind, src.numel() * src.element_size())
+            with self.observers.blocking("copy_h2d"):
+                dst.index_copy_(1, columns, src)
+            return
+        landing = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+        self.to_device(src, landing, kind)
+        dst.index_copy_(1, columns, landing)
+
     def wait(self, event: torch.cuda.Event | None) -> None:
         """Block the host until a copy finished (CUDA sync point; a no-op on the CPU device)."""
         if event is not None:

@@ -15,6 +15,7 @@ Every trainable parameter with two or more dimensions is a *column param* `W[out
 from __future__ import annotations
 
 import functools
+import math
 import os
 import weakref
 from collections.abc import Iterable
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from zenflow import checkpoint
-from zenflow.adam import AdamWHyper, adamw_, carry_moments_
+from zenflow.adam import AdamWHyper, adamw_, rebase_moment_
 from zenflow.config import ConfigError, ZenFlowConfig, load_deepspeed_config
 from zenflow.hooks import Observer, Observers, RemovableHandle
 from zenflow.host import HostColumns, HostWorker, HostWorkerError, host_adamw_, reserved_cores
@@ -76,9 +77,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         st = self.state[p]
         if p.dim() >= 2:
             w = _as_columns(p)
-            st["host"] = HostColumns.create(w, 2 if self.config.overlap_step else 1, self.link.host_empty)
+            st["host"] = HostColumns.all_columns(w, self._n_accumulators, self.link.host_empty)
             st["sel"] = torch.empty(0, dtype=torch.long, device=p.device)  # device-owned columns (none yet)
-            st["unsel"] = torch.arange(w.shape[1], device=p.device)  # host-owned columns, in host row order
+            st["unsel"] = torch.arange(w.shape[1], device=p.device)  # host-owned columns (device copy of cols)
             empty = torch.zeros(w.shape[0], 0, dtype=torch.float32, device=p.device)
             st.update(d_master=empty, d_exp_avg=empty.clone(), d_exp_avg_sq=empty.clone(), d_step=0)
         else:
@@ -86,6 +87,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             st["master"] = p.detach().float().clone() if p.dtype != torch.float32 else None
             st.update(exp_avg=torch.zeros_like(p, dtype=torch.float32),
                       exp_avg_sq=torch.zeros_like(p, dtype=torch.float32), step=0)
+
+    @property
+    def _n_accumulators(self) -> int:
+        return 2 if self.config.overlap_step else 1
 
     def add_observer(self, observer: Observer) -> RemovableHandle:
         """Attach telemetry: it sees every transfer (direction, kind, bytes) and every blocking section."""
@@ -186,10 +191,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             part: HostColumns | None = st.get("host")
             if p.grad is None or part is None or part.n_host == 0:
                 continue
-            n = part.n_host
-            rows = _as_columns(p.grad).t().index_select(0, st["unsel"])  # gather on the device: [n, out]
-            self.link.wait(self.link.to_host(rows, part.grad_staging[:n], "grads"))  # CUDA: host waits for copy
-            part.accumulators[self._slot][:n].add_(part.grad_staging[:n])
+            self.link.gather_to_host(_as_columns(p.grad), st["unsel"], part.grad_staging, "grads")
+            part.accumulators[self._slot].add_(part.grad_staging)
             part.counts[self._slot] += 1
             if self.config.auto_update and st["sel"].numel():
                 self._sel_mass.append(_rms(_as_columns(p.grad).index_select(1, st["sel"])))
@@ -224,10 +227,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if part is None or not part.staged:
                 continue
             part.staged = False
-            n = part.n_host
-            landing = torch.empty((n, part.master.shape[1]), dtype=p.dtype, device=p.device)
-            self.link.to_device(part.param_staging[:n], landing, "params")
-            _as_columns(p).index_copy_(1, st["unsel"], landing.t())
+            self.link.scatter_to_device(part.param_staging, st["unsel"], _as_columns(p), "params")
 
     @torch.no_grad()
     def drain(self) -> None:
@@ -257,7 +257,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         caught_up = 0
         for i, st in enumerate(mixed):
             part = st["host"]
-            acc_rms = _rms(part.accumulators[self._slot][: part.n_host])
+            acc_rms = _rms(part.accumulators[self._slot])
             sel_rms = torch.stack(self._sel_mass[i::len(mixed)]).mean().cpu()  # device->host sync point
             caught_up += int(acc_rms >= sel_rms)
         return caught_up >= self.config.auto_ratio * len(mixed)
@@ -272,69 +272,49 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 self._move_columns(p, st, select_columns(grad, k, self.config.column_norm))
 
     def _move_columns(self, p: torch.Tensor, st: dict, new_sel: torch.Tensor) -> None:
-        """Hand the columns that change owner (values and moments) to their new side; keep the rest in place."""
+        """Hand the columns that change owner (fp32 values and moments) to their new side; keep the rest."""
         part: HostColumns = st["host"]
         hp = _hyper(self._group_of(p))
-        width = part.master.shape[0]
-        old_sel, new_cpu = st["sel"].cpu(), new_sel.cpu()  # device->host sync point (indices)
-        self.observers.transfer("d2h", "indices", new_cpu.numel() * 8)
+        width = _as_columns(p).shape[1]
+        old_sel, new_sel = st["sel"].cpu(), new_sel.cpu()  # device->host sync point (indices)
+        self.observers.transfer("d2h", "indices", new_sel.numel() * 8)
         if old_sel.numel() == 0:
             st["d_step"] = part.step  # first selection: the device continues the host's count
-        row_of = torch.empty(width, dtype=torch.long)
-        row_of[part.cols] = torch.arange(width)
-        slot_of = torch.full((width,), -1, dtype=torch.long)  # column -> position in the device buffers
-        slot_of[old_sel] = torch.arange(old_sel.numel())
-        stays = slot_of[new_cpu] >= 0
-        leaving = old_sel[~torch.isin(old_sel, new_cpu)]
-        if leaving.numel():  # device -> host, into the stale host rows of those columns
-            pos = slot_of[leaving].to(p.device)
-            for name, host in (("d_master", part.master), ("d_exp_avg", part.exp_avg),
-                               ("d_exp_avg_sq", part.exp_avg_sq)):
-                host[row_of[leaving]] = self._fetch(st[name].index_select(1, pos).t(), name)
-            rows = row_of[leaving]
-            m, v = part.exp_avg[rows], part.exp_avg_sq[rows]
-            carry_moments_(m, v, st["d_step"], part.step, hp)
-            part.exp_avg[rows], part.exp_avg_sq[rows] = m, v
-        entering = new_cpu[~stays]
-        new_buffers = {}
-        for name, host in (("d_master", part.master), ("d_exp_avg", part.exp_avg),
-                           ("d_exp_avg_sq", part.exp_avg_sq)):
-            buf = torch.empty(part.master.shape[1], new_cpu.numel(), dtype=torch.float32, device=p.device)
-            if stays.any():
-                src = slot_of[new_cpu[stays]].to(p.device)
-                buf[:, stays.nonzero().squeeze(1).to(p.device)] = st[name].index_select(1, src)
-            if entering.numel():
-                block = host[row_of[entering]].clone()
-                if name != "d_master":
-                    self._carry(block, name, part.step, st["d_step"], hp)
-                buf[:, (~stays).nonzero().squeeze(1).to(p.device)] = self._send(block, p.device, name).t()
-            new_buffers[name] = buf
-        st.update(new_buffers)
-        # new host layout: unselected columns first and contiguous (the fused kernel runs on views)
-        unsel = complement(new_cpu, width)
-        new_cols = torch.cat([unsel, new_cpu])
-        order = row_of[new_cols]
-        part.master, part.exp_avg, part.exp_avg_sq = (t[order] for t in (part.master, part.exp_avg,
-                                                                          part.exp_avg_sq))
-        part.cols, part.n_host = new_cols, unsel.numel()
-        st["sel"], st["unsel"] = new_sel.to(p.device), unsel.to(p.device)
-        self.observers.transfer("h2d", "indices", unsel.numel() * 8)
+        new_unsel = complement(new_sel, width)
+        on_device = _positions(old_sel, width)  # column -> position in the device buffers, or -1
+        on_host = _positions(part.cols, width)  # column -> position in the host buffers, or -1
+        leaving = old_sel[~torch.isin(old_sel, new_sel)]  # device -> host
+        entering = new_sel[on_device[new_sel] < 0]  # host -> device
+        host_state = dict(master=part.master, exp_avg=part.exp_avg, exp_avg_sq=part.exp_avg_sq)
+        new_host, new_device = {}, {}
+        for name, host in host_state.items():
+            kind = "master" if name == "master" else "moments"
+            device = st[f"d_{name}"]
+            moved_down = self._fetch(device.index_select(1, on_device[leaving].to(p.device)), kind)
+            moved_up = host.index_select(1, on_host[entering])
+            if name != "master":  # keep bias-corrected moments exact across the move
+                beta = hp.beta1 if name == "exp_avg" else hp.beta2
+                rebase_moment_(moved_down, beta, st["d_step"], part.step)
+                rebase_moment_(moved_up, beta, part.step, st["d_step"])
+            new_host[name] = _merge(new_unsel, part.cols, host, leaving, moved_down, on_host)
+            new_device[name] = _merge(new_sel.to(p.device), old_sel.to(p.device), device, entering.to(p.device),
+                                      self._send(moved_up, p.device, kind), on_device.to(p.device))
+        st["host"] = HostColumns.create(**new_host, cols=new_unsel, model_dtype=p.dtype,
+                                        n_accumulators=self._n_accumulators, host_empty=self.link.host_empty,
+                                        step=part.step)
+        st.update({f"d_{name}": t for name, t in new_device.items()})
+        st["sel"], st["unsel"] = new_sel.to(p.device), new_unsel.to(p.device)
+        self.observers.transfer("h2d", "indices", new_unsel.numel() * 8)
 
-    def _fetch(self, src: torch.Tensor, name: str) -> torch.Tensor:
+    def _fetch(self, src: torch.Tensor, kind: str) -> torch.Tensor:
         dst = self.link.host_empty(tuple(src.shape), src.dtype)
-        self.link.wait(self.link.to_host(src.contiguous(), dst, "master" if name == "d_master" else "moments"))
+        self.link.wait(self.link.to_host(src, dst, kind))
         return dst
 
-    def _send(self, src: torch.Tensor, device: torch.device, name: str) -> torch.Tensor:
+    def _send(self, src: torch.Tensor, device: torch.device, kind: str) -> torch.Tensor:
         dst = torch.empty(src.shape, dtype=src.dtype, device=device)
-        self.link.to_device(src, dst, "master" if name == "d_master" else "moments")
+        self.link.to_device(src, dst, kind)
         return dst
-
-    @staticmethod
-    def _carry(block: torch.Tensor, name: str, from_step: int, to_step: int, hp: AdamWHyper) -> None:
-        beta = hp.beta1 if name == "d_exp_avg" else hp.beta2
-        if from_step and from_step != to_step and to_step:
-            block.mul_((1 - beta ** to_step) / (1 - beta ** from_step))
 
     def _group_of(self, p: torch.Tensor) -> dict:
         return next(g for g in self.param_groups if any(q is p for q in g["params"]))
@@ -391,6 +371,24 @@ def _as_columns(t: torch.Tensor) -> torch.Tensor:
     return t.view(t.shape[0], -1)
 
 
+def _positions(columns: torch.Tensor, width: int) -> torch.Tensor:
+    """Inverse index: `pos[columns[i]] = i`, and -1 for columns not listed."""
+    pos = torch.full((width,), -1, dtype=torch.long, device=columns.device)
+    pos[columns] = torch.arange(columns.numel(), device=columns.device)
+    return pos
+
+
+def _merge(wanted: torch.Tensor, kept_cols: torch.Tensor, kept: torch.Tensor, arriving_cols: torch.Tensor,
+           arriving: torch.Tensor, kept_pos: torch.Tensor) -> torch.Tensor:
+    """Columns `wanted` (ascending), taken from `kept` where listed in `kept_cols`, else from `arriving`
+    (whose columns `arriving_cols` are ascending too, so both keep their order)."""
+    out = torch.empty(kept.shape[0], wanted.numel(), dtype=kept.dtype, device=kept.device)
+    from_kept = kept_pos[wanted] >= 0
+    out[:, from_kept] = kept.index_select(1, kept_pos[wanted[from_kept]])
+    out[:, ~from_kept] = arriving
+    return out
+
+
 def _rms(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t.float()) / max(1, t.numel()) ** 0.5
 
@@ -405,17 +403,19 @@ def _check_hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay
     def bad(field: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{field} = {value!r} is not allowed: expected {allowed}")
 
-    if isinstance(lr, torch.Tensor) or not isinstance(lr, (int, float)) or lr < 0:
-        bad("lr", lr, "a number >= 0")
-    if (not isinstance(betas, (tuple, list)) or len(betas) != 2
-            or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas)):
+    def number(x: Any) -> bool:  # NaN fails every comparison below, so it is refused too
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if not number(lr) or not 0 <= lr < math.inf:
+        bad("lr", lr, "a number >= 0 (finite)")
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(number(b) and 0 <= b < 1 for b in betas):
         bad("betas", betas, "two numbers in [0, 1)")
-    if not isinstance(eps, (int, float)) or eps <= 0:
-        bad("eps", eps, "a number > 0")
-    if not isinstance(weight_decay, (int, float)) or weight_decay < 0:
-        bad("weight_decay", weight_decay, "a number >= 0")
-    if not isinstance(clip, (int, float)) or clip < 0:
-        bad("gradient_clipping", clip, "a number >= 0 (0 disables clipping)")
+    if not number(eps) or not 0 < eps < math.inf:
+        bad("eps", eps, "a number > 0 (finite)")
+    if not number(weight_decay) or not 0 <= weight_decay < math.inf:
+        bad("weight_decay", weight_decay, "a number >= 0 (finite)")
+    if not number(clip) or not 0 <= clip < math.inf:
+        bad("gradient_clipping", clip, "a number >= 0 (finite; 0 disables clipping)")
 
 
 def _check_params(groups: list[dict]) -> torch.device:
