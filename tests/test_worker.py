@@ -30,11 +30,26 @@ def test_killed_worker_with_an_update_in_flight_raises_within_5s():
     train_steps(model, opt, 3, seed=0)
     opt._worker._die_for_testing()
     opt._pending = Future()  # a host update the dead worker will never finish
+    opt._jobs.append(opt._pending)
     start = time.monotonic()
-    with pytest.raises(HostWorkerError, match="died"):
+    with pytest.raises(HostWorkerError, match="died with host work in flight"):
         train_steps(model, opt, 1, seed=0, start=3)
     assert time.monotonic() - start < 5
     opt.close()
+
+
+def test_failed_background_accumulation_surfaces_at_the_next_step(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("gather failed (simulated)")
+
+    model = Interleaved([8, 8, 3], seed=0)
+    opt = zenflow(model, **OVERLAP)
+    monkeypatch.setattr(optimizer_module, "accumulate_", broken)
+    train_steps(model, opt, 1, seed=0)  # the first step is the selection; its accumulation fails on the worker
+    time.sleep(0.2)
+    with pytest.raises(HostWorkerError, match="simulated"):
+        train_steps(model, opt, 1, seed=0, start=1)
+    opt.close(flush=False)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point

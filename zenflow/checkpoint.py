@@ -63,9 +63,8 @@ def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
     entries = [(params[int(i)], entry) for i, entry in sd["state"].items()]
     for p, entry in entries:  # check everything before changing anything
         _check_entry(p, opt.state[p], entry)
-    if opt._pending is not None:
-        opt._worker.wait(opt._pending)  # nothing of the old run may still write host buffers
-        opt._pending = None
+    opt._quiesce()  # nothing of the old run may still write host buffers
+    opt._pending = None
     for p, entry in entries:
         _restore_entry(opt, p, opt.state[p], entry)
     for group, saved in zip(opt.param_groups, sd["param_groups"]):

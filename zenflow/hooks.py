@@ -1,5 +1,8 @@
 """A small observer API: the optimizer reports what it moves and where it blocks; telemetry attaches here.
 
+Transfers are reported from whichever thread makes them (the worker too); blocking sections only from the
+training thread, since only its waits delay the step.
+
 The optimizer always keeps byte totals (plain integers). Observers are optional and called synchronously; with
 none attached a blocking section costs one empty-list check.
 """
@@ -7,6 +10,7 @@ none attached a blocking section costs one empty-list check.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Protocol
@@ -38,19 +42,22 @@ class Observers:
     def __init__(self) -> None:
         self.attached: list[Observer] = []
         self.bytes: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()  # the worker thread counts its transfers too
+        self._training_thread = threading.get_ident()  # only its waits are stalls; the worker's are not
 
     def add(self, observer: Observer) -> RemovableHandle:
         self.attached.append(observer)
         return RemovableHandle(self.attached, observer)
 
     def transfer(self, direction: str, kind: str, nbytes: int) -> None:
-        self.bytes[(direction, kind)] += nbytes
+        with self._lock:
+            self.bytes[(direction, kind)] += nbytes
         for obs in self.attached:
             obs.on_transfer(direction, kind, nbytes)
 
     @contextlib.contextmanager
     def blocking(self, what: str) -> Iterator[None]:
-        if not self.attached:
+        if not self.attached or threading.get_ident() != self._training_thread:
             yield
             return
         for obs in self.attached:

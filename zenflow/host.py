@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from zenflow.adam import AdamWHyper, adamw_
+from zenflow.link import Link
 
 
 class HostWorkerError(RuntimeError):
@@ -64,6 +65,17 @@ class HostColumns:
         master = weight.detach().to("cpu", torch.float32, copy=True).contiguous()
         return cls.create(master, torch.zeros_like(master), torch.zeros_like(master),
                           torch.arange(master.shape[1]), weight.dtype, n_accumulators, host_empty)
+
+
+def accumulate_(link: Link, items: list[tuple[HostColumns, torch.Tensor, torch.Tensor]], slot: int) -> None:
+    """Add the unselected columns of this step's gradients into the fp32 accumulators of `slot`.
+
+    `items` holds (host part, gradient viewed as [out, in], host-owned columns). Runs inline or on the worker.
+    """
+    for part, grad, columns in items:
+        link.gather_to_host(grad, columns, part.grad_staging, "grads")
+        part.accumulators[slot].add_(part.grad_staging)
+        part.counts[slot] += 1
 
 
 def host_adamw_(groups: list[tuple[list[HostColumns], AdamWHyper]], slot: int) -> None:

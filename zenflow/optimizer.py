@@ -29,7 +29,7 @@ from zenflow import checkpoint
 from zenflow.adam import AdamWHyper, adamw_, rebase_moment_
 from zenflow.config import ConfigError, ZenFlowConfig, load_deepspeed_config
 from zenflow.hooks import Observer, Observers, RemovableHandle
-from zenflow.host import HostColumns, HostWorker, HostWorkerError, host_adamw_, reserved_cores
+from zenflow.host import HostColumns, HostWorker, HostWorkerError, accumulate_, host_adamw_, reserved_cores
 from zenflow.link import Link
 from zenflow.selection import complement, num_selected, select_columns
 
@@ -54,7 +54,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._since_boundary = 0  # steps accumulated since the last boundary
         self._slot = 0  # accumulator being filled (two alternate when overlap_step)
         self._sel_mass: list[torch.Tensor] = []  # "auto" update_interval: selected RMS per step
-        self._pending: Future | None = None
+        self._pending: Future | None = None  # the host update of the last boundary (overlap_step)
+        self._jobs: list[Future] = []  # every worker job not yet known to be finished, in submission order
         self._worker: HostWorker | None = None
         self._saved_compute_layout: tuple[set[int], int] | None = None
         for param in self._params():
@@ -107,7 +108,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._raise_if_worker_died()
+        self._check_worker_jobs()
         if not self._gradients_usable():
             self.skipped_steps += 1  # overflow: skipped on both parts, nothing accumulated
             return loss
@@ -117,7 +118,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             with self.observers.blocking("reselect"):
                 self._reselect()
         self._device_update()
-        self._offload_unselected_grads()
+        self._offload_unselected_grads(in_background=self.config.overlap_step and not warm_up)
         self._since_boundary += 1
         if warm_up:
             self._boundary(overlap=False)  # warm-up: a full synchronous offload step
@@ -184,18 +185,26 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 else:
                     p.copy_(st["master"])
 
-    def _offload_unselected_grads(self) -> None:
-        """Only the unselected gradient columns cross to the host, where they are summed in fp32."""
+    def _offload_unselected_grads(self, in_background: bool) -> None:
+        """Only the unselected gradient columns cross to the host, where they are summed in fp32.
+
+        With overlap_step the worker does it, from this step's gradient tensors, while the next forward runs:
+        `zero_grad()` (set_to_none, torch's default) replaces those tensors instead of writing into them.
+        """
+        items = []
         for p in self._params():
             st = self.state[p]
             part: HostColumns | None = st.get("host")
             if p.grad is None or part is None or part.n_host == 0:
                 continue
-            self.link.gather_to_host(_as_columns(p.grad), st["unsel"], part.grad_staging, "grads")
-            part.accumulators[self._slot].add_(part.grad_staging)
-            part.counts[self._slot] += 1
+            items.append((part, _as_columns(p.grad), st["unsel"]))
             if self.config.auto_update and st["sel"].numel():
                 self._sel_mass.append(_rms(_as_columns(p.grad).index_select(1, st["sel"])))
+        job = functools.partial(accumulate_, self.link, items, self._slot)
+        if in_background:
+            self._submit(job)
+        else:
+            job()
 
     def _boundary(self, overlap: bool) -> None:
         """Host AdamW on the accumulated unselected gradients; upload now (sync) or at the next boundary."""
@@ -210,7 +219,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             return
         if self._pending is not None:
             self._finish_pending()  # boundary b+1 applies the result of boundary b
-        self._pending = self._start_worker().submit(job)
+        self._pending = self._submit(job)  # queued after this interval's accumulations (FIFO)
         self._slot = 1 - self._slot  # double buffer: keep accumulating while the worker reads the other one
 
     def _finish_pending(self) -> None:
@@ -237,6 +246,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         """
         if self._pending is not None:
             self._finish_pending()
+        self._quiesce()  # accumulations still queued on the worker
         if self._since_boundary > 0:
             self._boundary(overlap=False)
 
@@ -254,6 +264,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         mixed = [st for st in parts if st["sel"].numel() and st["host"].n_host]
         if not mixed:
             return True  # nothing is selected (pure offload) or nothing is left to the host
+        self._quiesce()  # the accumulators must hold this step's gradient (overlap: a sync point)
         caught_up = 0
         for i, st in enumerate(mixed):
             part = st["host"]
@@ -332,9 +343,33 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._finalizer = weakref.finalize(self, self._worker.close)
         return self._worker
 
-    def _raise_if_worker_died(self) -> None:
-        if self._pending is not None and not self._pending.done() and not self._worker.alive:
-            raise HostWorkerError("zenflow host worker died with a host update in flight; restart from a checkpoint")
+    def _submit(self, job: Any) -> Future:
+        future = self._start_worker().submit(job)
+        self._jobs.append(future)
+        return future
+
+    def _quiesce(self) -> None:
+        """Wait until the worker has finished every job submitted so far (a sync point)."""
+        if self._jobs:
+            with self.observers.blocking("host_wait"):
+                for future in self._jobs:
+                    self._worker.wait(future)
+            self._jobs.clear()
+
+    def _check_worker_jobs(self) -> None:
+        """Raise now if a background job failed or the worker died with work in flight (never hang)."""
+        for future in [f for f in self._jobs if f.done()]:
+            self._jobs.remove(future)
+            if future.exception() is not None:
+                raise HostWorkerError(f"zenflow host worker job failed: {future.exception()!r}") \
+                    from future.exception()
+        if self._jobs and not self._worker.alive:
+            raise HostWorkerError("zenflow host worker died with host work in flight; restart from a checkpoint")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if not set_to_none:
+            self._quiesce()  # the worker may still be reading this step's gradient tensors
+        super().zero_grad(set_to_none)
 
     def close(self, flush: bool = True) -> None:
         """Apply outstanding host updates (flush=True), stop the worker and give the compute cores back."""
@@ -343,6 +378,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if self._worker is not None:
             self._worker.close()
             self._pending = None
+            self._jobs.clear()
         if self._saved_compute_layout is not None:
             cores, threads = self._saved_compute_layout
             os.sched_setaffinity(0, cores)
@@ -357,9 +393,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        if self._pending is not None:
-            with self.observers.blocking("host_wait"):
-                self._worker.wait(self._pending)  # host state must be complete; its upload stays pending
+        self._quiesce()  # host state must be complete; a finished overlapped result stays pending its upload
         return checkpoint.pack(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
