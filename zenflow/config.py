@@ -112,8 +112,9 @@ def _validate(c: ZenFlowConfig) -> None:
             _fail(name, getattr(c, name), "true or false")
     if not _is_number(c.auto_ratio) or not 0.0 < c.auto_ratio <= 1.0:
         _fail("auto_ratio", c.auto_ratio, "a number in (0, 1]")
-    if not _is_number(c.pt_reserved_cores_perc) or not 0.0 < c.pt_reserved_cores_perc < 1.0:
-        _fail("pt_reserved_cores_perc", c.pt_reserved_cores_perc, "a number in (0, 1) (fraction of CPU cores)")
+    if not _is_number(c.pt_reserved_cores_perc) or not 0.0 <= c.pt_reserved_cores_perc <= 1.0:
+        _fail("pt_reserved_cores_perc", c.pt_reserved_cores_perc,
+              "a number in [0, 1] (fraction of CPU cores kept for PyTorch compute; the rest run the host worker)")
     if c.steps_per_epoch is not None and (not _is_int(c.steps_per_epoch) or c.steps_per_epoch < 1):
         _fail("steps_per_epoch", c.steps_per_epoch, "null or an integer >= 1")
     if c.select_strategy == "epoch" and c.steps_per_epoch is None:

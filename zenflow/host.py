@@ -70,10 +70,11 @@ class HostColumns:
 def accumulate_(link: Link, items: list[tuple[HostColumns, torch.Tensor, torch.Tensor]], slot: int) -> None:
     """Add the unselected columns of this step's gradients into the fp32 accumulators of `slot`.
 
-    `items` holds (host part, gradient viewed as [out, in], host-owned columns). Runs inline or on the worker.
+    `items` holds (host part, gradient viewed as [out, in], host-owned columns). Runs inline or on the worker;
+    the caller has counted the bytes.
     """
     for part, grad, columns in items:
-        link.gather_to_host(grad, columns, part.grad_staging, "grads")
+        link.gather_to_host(grad, columns, part.grad_staging, "grads", count=False)
         part.accumulators[slot].add_(part.grad_staging)
         part.counts[slot] += 1
 
@@ -159,12 +160,16 @@ class HostWorker:
         self._thread.join()
 
 
-def reserved_cores(fraction: float) -> tuple[list[int], list[int]] | None:
-    """Split the cores this process may use into (worker cores, compute cores); None if there is only one."""
+def reserved_cores(compute_fraction: float) -> tuple[list[int], list[int]] | None:
+    """Split this process's cores into (worker cores, compute cores); None if there is only one core.
+
+    DeepSpeed's meaning of `pt_reserved_cores_perc`: the fraction kept for PyTorch compute; the rest run the
+    host worker. Each side gets at least one core.
+    """
     if not hasattr(os, "sched_getaffinity"):
         return None
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return None
-    n_worker = min(len(cores) - 1, max(1, round(fraction * len(cores))))
-    return cores[-n_worker:], cores[:-n_worker]
+    n_compute = min(len(cores) - 1, max(1, round(compute_fraction * len(cores))))
+    return cores[n_compute:], cores[:n_compute]

@@ -51,18 +51,28 @@ class Link:
         torch.cuda.current_stream(self.device).wait_event(done)
         return done
 
-    def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor, kind: str) -> None:
+    def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor, kind: str,
+                       count: bool = True) -> None:
         """`dst[:] = src[:, columns]` with `src` on the device and `dst` on the host; returns when `dst` is ready.
 
         CUDA: gather on the device, then one contiguous copy (a host wait: sync point). CPU device: the gather
-        writes straight into the distinct host buffer, which is the copy.
+        writes straight into the distinct host buffer, which is the copy. `count=False`: the caller counted the
+        bytes already (background jobs are counted when submitted, so each step's bytes are deterministic).
         """
         if not self.cuda:
-            self.observers.transfer("d2h", kind, dst.numel() * src.element_size())
+            if count:
+                self.observers.transfer("d2h", kind, dst.numel() * src.element_size())
             with self.observers.blocking("copy_d2h"):
                 torch.index_select(src, 1, columns, out=dst)
             return
-        self.wait(self.to_host(src.index_select(1, columns), dst, kind))
+        gathered = src.index_select(1, columns)
+        if not count:
+            with torch.cuda.stream(self.stream):
+                self.stream.wait_stream(torch.cuda.current_stream(self.device))
+                dst.copy_(gathered, non_blocking=True)
+            self.stream.synchronize()
+            return
+        self.wait(self.to_host(gathered, dst, kind))
 
     def scatter_to_device(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor, kind: str) -> None:
         """`dst[:, columns] = src` with `src` on the host; ordered before later work on the compute stream."""

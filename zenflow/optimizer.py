@@ -198,6 +198,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if p.grad is None or part is None or part.n_host == 0:
                 continue
             items.append((part, _as_columns(p.grad), st["unsel"]))
+            self.observers.transfer("d2h", "grads", part.grad_staging.numel() * p.grad.element_size())
             if self.config.auto_update and st["sel"].numel():
                 self._sel_mass.append(_rms(_as_columns(p.grad).index_select(1, st["sel"])))
         job = functools.partial(accumulate_, self.link, items, self._slot)

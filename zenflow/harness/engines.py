@@ -1,0 +1,182 @@
+"""Engines: one small interface over the five ways to train (DESIGN §3).
+
+| engine            | optimizer                                                                 |
+|-------------------|---------------------------------------------------------------------------|
+| no-offload        | torch.optim.AdamW (fused) on the model's own params: the bound when it fits |
+| ref-offload       | ZenFlowAdamW with topk_ratio=0, update_interval=1, sync (our ZeRO-Offload) |
+| ref-zenflow       | ZenFlowAdamW with the given zenflow block                                  |
+| ds-zero-offload   | DeepSpeed ZeRO stage 2, offload_optimizer: cpu                             |
+| ds-zenflow        | the same + the zenflow block                                               |
+
+Every engine gets the same DeepSpeed-style config dict (optimizer params, clipping, dtype, zenflow block), so the
+reference engines read exactly what DeepSpeed reads.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+
+from zenflow import ZenFlowAdamW
+from zenflow.telemetry.timeline import StepTimeline, StepTiming
+
+ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
+# ZeRO-Offload expressed as a ZenFlow block: nothing selected, every step a synchronous host update.
+OFFLOAD_BLOCK = {"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, "overlap_step": False}
+
+
+def deepspeed_config(engine: str, zenflow_block: dict[str, Any], dtype: str, micro_batch: int, lr: float,
+                     weight_decay: float, clipping: float, cuda: bool) -> dict[str, Any]:
+    """The DeepSpeed JSON every engine is built from (DeepSpeedExamples' ZenFlow fine-tuning settings)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine = {engine!r} is not allowed: expected one of {ENGINES}")
+    zero: dict[str, Any] = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": cuda}}
+    if engine in ("ds-zenflow", "ref-zenflow"):
+        zero["zenflow"] = copy.deepcopy(zenflow_block)
+    elif engine == "ref-offload":
+        zero["zenflow"] = dict(OFFLOAD_BLOCK)
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                  "weight_decay": weight_decay}},
+        "gradient_clipping": clipping,
+        "bf16": {"enabled": dtype == "bf16"},
+        "fp16": {"enabled": dtype == "fp16"},
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+class Engine:
+    """train_step(batch) -> loss; the timeline gets forward+backward and optimizer times and the step kind."""
+
+    name: str
+    stall_includes_io = False  # DeepSpeed's step cannot be split into copies and CPU Adam from outside
+
+    def __init__(self, name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
+                 telemetry: bool = True) -> None:
+        self.name, self.model, self.ds_config, self.timeline = name, model, ds_config, timeline
+        self.telemetry = telemetry
+
+    def train_step(self, batch: torch.Tensor, timing: StepTiming) -> float:
+        raise NotImplementedError
+
+    def transfer_bytes(self) -> dict[str, int] | None:
+        return None  # not measured by the engine itself
+
+    def close(self) -> None:
+        pass
+
+
+class TorchEngine(Engine):
+    """no-offload, ref-offload, ref-zenflow: a plain torch loop."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        self.model.to(device)
+        self.device = device
+        params = self.ds_config["optimizer"]["params"]
+        self.clipping = self.ds_config["gradient_clipping"]
+        if self.name == "no-offload":
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=params["lr"], betas=params["betas"],
+                                               eps=params["eps"], weight_decay=params["weight_decay"], fused=True)
+        else:
+            self.optimizer = ZenFlowAdamW.from_deepspeed_config(self.model.parameters(), self.ds_config)
+            if self.telemetry:
+                self.optimizer.add_observer(self.timeline)
+
+    def train_step(self, batch: torch.Tensor, timing: StepTiming) -> float:
+        batch = batch.to(self.device)
+        start = time.perf_counter()
+        loss = self.model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        after_backward = time.perf_counter()
+        updates = getattr(self.optimizer, "host_updates", None)
+        if self.name == "no-offload" and self.clipping > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        value = loss.item()  # device->host sync point, once per step for every engine
+        timing.forward_backward_ms = (after_backward - start) * 1e3
+        timing.optimizer_ms = (time.perf_counter() - after_backward) * 1e3
+        if isinstance(self.optimizer, ZenFlowAdamW):
+            warm = self.optimizer.t <= self.optimizer.config.full_warm_up_rounds
+            timing.kind = "warmup" if warm else "update" if self.optimizer.host_updates > updates else "accumulate"
+        else:
+            timing.kind = "update"
+        return value
+
+    def transfer_bytes(self) -> dict[str, int] | None:
+        if not isinstance(self.optimizer, ZenFlowAdamW):
+            return None
+        return {f"{d}_{k}": n for (d, k), n in self.optimizer.transfer_bytes.items()}
+
+    def close(self) -> None:
+        if isinstance(self.optimizer, ZenFlowAdamW):
+            self.optimizer.close()
+
+
+class DeepSpeedEngine(Engine):
+    """ds-zero-offload, ds-zenflow: real `deepspeed.initialize` (CPU accelerator + gloo here, CUDA on a GPU)."""
+
+    stall_includes_io = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        import deepspeed
+
+        _single_process_env()
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        self.engine, *_ = deepspeed.initialize(model=self.model, model_parameters=self.model.parameters(),
+                                               config=self.ds_config)
+        zero = self.ds_config["zero_optimization"]
+        block = zero.get("zenflow") or {}
+        self.interval = block.get("update_interval", 1) if isinstance(block.get("update_interval", 1), int) else 1
+        self.warm_up = block.get("full_warm_up_rounds", 0)
+        self.steps = 0
+
+    def train_step(self, batch: torch.Tensor, timing: StepTiming) -> float:
+        batch = batch.to(self.engine.device)
+        start = time.perf_counter()
+        loss = self.engine(input_ids=batch, labels=batch).loss
+        self.engine.backward(loss)
+        after_backward = time.perf_counter()
+        self.engine.step()
+        value = loss.item()  # device->host sync point, once per step for every engine
+        timing.forward_backward_ms = (after_backward - start) * 1e3
+        timing.optimizer_ms = (time.perf_counter() - after_backward) * 1e3
+        # DeepSpeed's step is CPU Adam + copies + waits; from outside it is all "stall (incl. I/O)"
+        timing.stall_ms = timing.optimizer_ms
+        since = self.steps - self.warm_up
+        self.steps += 1
+        timing.kind = ("warmup" if since < 0 else
+                       "update" if self.interval == 1 or since % self.interval == self.interval - 1 else "accumulate")
+        return value
+
+    def close(self) -> None:
+        self.engine.destroy() if hasattr(self.engine, "destroy") else None
+
+
+def make_engine(name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
+                telemetry: bool = True) -> Engine:
+    kind = DeepSpeedEngine if name.startswith("ds-") else TorchEngine
+    return kind(name, model, ds_config, timeline, telemetry)
+
+
+def _single_process_env() -> None:
+    """torch.distributed needs a rendezvous even for one process; use a free loopback port."""
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(key, value)

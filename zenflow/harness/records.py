@@ -1,0 +1,130 @@
+"""Run records: one JSON file per run, the only input of tables, figures and benchmarks (docs/records.md).
+
+A record is written atomically (temporary file + rename), so an interrupted run leaves either a complete record or
+none; a failed run leaves a complete record with `status: "failed"` and the error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class RecordError(ValueError):
+    """A file that is not a run record of a schema version this code reads."""
+
+
+@dataclass
+class RunRecord:
+    engine: str
+    status: str = "ok"  # "ok" | "failed"
+    error: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    label: str = ""  # what the run is for, e.g. "llama7b", "glue/MRPC"
+    config: dict[str, Any] = field(default_factory=dict)      # engine config (the zenflow block, DeepSpeed JSON)
+    workload: dict[str, Any] = field(default_factory=dict)
+    protocol: dict[str, Any] = field(default_factory=dict)    # steps, warm-up, update interval, threads
+    environment: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)       # parameter counts, model bytes
+    steps: list[dict[str, Any]] = field(default_factory=list)  # per timed step (StepTiming fields)
+    summary: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)     # task metrics (GLUE), final loss
+    nvml: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write(self, path: str | Path) -> Path:
+        """Atomic: readers see the old file, or the whole new one."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_dict(), f, indent=1, default=_jsonable)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunRecord:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise RecordError(f"{path}: not a readable JSON run record ({exc})") from None
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise RecordError(f"{path}: schema_version = {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+def read_records(folder: str | Path) -> list[RunRecord]:
+    return [RunRecord.read(p) for p in sorted(Path(folder).glob("*.json")) if not p.name.startswith(".")]
+
+
+# ---- summary statistics (computed once, stored in the record) -------------------------------------------------
+def describe(values: list[float]) -> dict[str, float | None]:
+    """median, p90, IQR, CV, mean of a sample (None when empty)."""
+    if not values:
+        return {"n": 0, "median": None, "p90": None, "iqr": None, "cv": None, "mean": None}
+    ordered = sorted(values)
+    q = statistics.quantiles(ordered, n=20, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 19
+    mean = statistics.fmean(ordered)
+    cv = statistics.pstdev(ordered) / mean if mean else None
+    return {"n": len(ordered), "median": statistics.median(ordered), "p90": q[17], "iqr": q[14] - q[4],
+            "cv": cv, "mean": mean}
+
+
+def summarize_steps(steps: list[dict[str, Any]], cycle: int, model_bytes: int | None) -> dict[str, Any]:
+    """Step-time statistics over whole update cycles, split by step kind, plus phase means and bytes."""
+    timed = [s for s in steps if s["kind"] != "warmup" and s.get("period_ms") is not None]
+    whole = timed[: len(timed) - len(timed) % cycle] if cycle > 1 else timed
+    periods = [s["period_ms"] for s in timed]
+
+    def mean_of(key: str, rows: list[dict[str, Any]]) -> float | None:
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.fmean(vals) if vals else None
+
+    byte_totals: dict[str, int] = {}
+    for s in whole:
+        for key, n in (s.get("bytes") or {}).items():
+            byte_totals[key] = byte_totals.get(key, 0) + n
+    per_step = {k: v / len(whole) for k, v in byte_totals.items()} if whole and byte_totals else None
+    moved = sum(v for k, v in (per_step or {}).items() if k.endswith(("_grads", "_params"))) if per_step else None
+    return {
+        "step_ms": describe(periods),
+        "cycle_mean_ms": mean_of("period_ms", whole),
+        "cycle": cycle,
+        "cycles": len(whole) // max(1, cycle),
+        "accumulate_step_ms": mean_of("period_ms", [s for s in whole if s["kind"] == "accumulate"]),
+        "update_step_ms": mean_of("period_ms", [s for s in whole if s["kind"] == "update"]),
+        "compute_ms": mean_of("compute_ms", whole),
+        "io_ms": mean_of("io_ms", whole),
+        "stall_ms": mean_of("stall_ms", whole),
+        "forward_backward_ms": mean_of("forward_backward_ms", whole),
+        "optimizer_ms": mean_of("optimizer_ms", whole),
+        "bytes_per_step": per_step,
+        "grad_param_bytes_per_step_over_model_bytes": (moved / model_bytes) if moved is not None and model_bytes
+        else None,
+        "final_loss": next((s["loss"] for s in reversed(steps) if s.get("loss") is not None), None),
+    }

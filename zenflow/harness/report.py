@@ -1,0 +1,113 @@
+"""Tables (tabulate: Markdown and CSV) and figures (matplotlib) made from run records only."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from zenflow.harness.records import RunRecord
+
+BASELINE = "ds-zero-offload"
+# Each ZenFlow engine's stall reduction is measured against the offload engine of the same family.
+STALL_BASELINE = {"ref-zenflow": "ref-offload", "ds-zenflow": "ds-zero-offload"}
+ENGINE_ORDER = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
+COLUMNS = ("engine", "runs", "median step ms", "cycle mean ms", "accumulate step ms", "update step ms",
+           "compute ms", "I/O ms", "stall ms", "speedup vs ds-zero-offload", "stall reduction",
+           "bytes/step ÷ model bytes", "final loss")
+
+
+def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
+    """One row per engine: medians over its repeated runs of each run's summary value."""
+    by_engine: dict[str, list[RunRecord]] = {}
+    for r in records:
+        if r.status == "ok":
+            by_engine.setdefault(r.engine, []).append(r)
+    rows = []
+    for engine in sorted(by_engine, key=lambda e: ENGINE_ORDER.index(e) if e in ENGINE_ORDER else 99):
+        runs = by_engine[engine]
+
+        def med(key: str, runs: list[RunRecord] = runs) -> float | None:
+            vals = [r.summary.get(key) for r in runs if r.summary.get(key) is not None]
+            return statistics.median(vals) if vals else None
+
+        rows.append({"engine": engine, "runs": len(runs),
+                     "median_step_ms": statistics.median(r.summary["step_ms"]["median"] for r in runs),
+                     "cycle_mean_ms": med("cycle_mean_ms"), "accumulate_step_ms": med("accumulate_step_ms"),
+                     "update_step_ms": med("update_step_ms"), "compute_ms": med("compute_ms"),
+                     "io_ms": med("io_ms"), "stall_ms": med("stall_ms"),
+                     "bytes_ratio": med("grad_param_bytes_per_step_over_model_bytes"),
+                     "final_loss": med("final_loss"),
+                     "stall_includes_io": any(r.protocol.get("stall_includes_io") for r in runs)})
+    index = {row["engine"]: row for row in rows}
+    for row in rows:
+        base = index.get(BASELINE)
+        row["speedup"] = (base["cycle_mean_ms"] / row["cycle_mean_ms"]) if base and row["cycle_mean_ms"] else None
+        ref = index.get(STALL_BASELINE.get(row["engine"], ""))
+        row["stall_reduction"] = (1 - row["stall_ms"] / ref["stall_ms"]) if ref and ref["stall_ms"] else None
+    return rows
+
+
+def _fmt(value: Any, spec: str = ".1f", missing: str = "—") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def table(rows: list[dict[str, Any]], fmt: str = "github") -> str:
+    body = [[r["engine"], r["runs"], _fmt(r["median_step_ms"]), _fmt(r["cycle_mean_ms"]),
+             _fmt(r["accumulate_step_ms"]), _fmt(r["update_step_ms"]), _fmt(r["compute_ms"]),
+             "(in stall)" if r["stall_includes_io"] else _fmt(r["io_ms"]), _fmt(r["stall_ms"]),
+             _fmt(r["speedup"], ".2f") + ("×" if r["speedup"] else ""),
+             _fmt(r["stall_reduction"] and 100 * r["stall_reduction"], ".1f") + ("%" if r["stall_reduction"] else ""),
+             _fmt(r["bytes_ratio"], ".3f", missing="not measured"), _fmt(r["final_loss"], ".3f")]
+            for r in rows]
+    return tabulate(body, headers=COLUMNS, tablefmt=fmt, disable_numparse=True)
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    keys = [k for k in rows[0]] if rows else []
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def figure(rows: list[dict[str, Any]], path: Path, title: str, subtitle: str) -> None:
+    """The paper's Figure 1 style: stacked compute / I/O / stall bars per engine, speedup and stall reduction
+    written on the bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r["cycle_mean_ms"]]
+    names = [r["engine"] for r in shown]
+    compute = [r["compute_ms"] or 0 for r in shown]
+    io = [r["io_ms"] or 0 for r in shown]
+    stall = [r["stall_ms"] or 0 for r in shown]
+    fig, ax = plt.subplots(figsize=(1.6 * len(shown) + 2.5, 4.6))
+    colors = {"compute": "#4C72B0", "io": "#DD8452", "stall": "#C44E52"}
+    ax.bar(names, compute, color=colors["compute"], label="compute (fwd + bwd + device update)")
+    ax.bar(names, io, bottom=compute, color=colors["io"], label="exposed I/O")
+    ax.bar(names, stall, bottom=[c + i for c, i in zip(compute, io)], color=colors["stall"],
+           label="stall (waiting for the host optimizer; DeepSpeed: incl. I/O)")
+    for i, r in enumerate(shown):
+        notes = []
+        if r["speedup"]:
+            notes.append(f"{r['speedup']:.2f}×")
+        if r["stall_reduction"] is not None:
+            notes.append(f"stall −{100 * r['stall_reduction']:.0f}%")
+        ax.text(i, r["cycle_mean_ms"] * 1.02, "\n".join(notes), ha="center", va="bottom", fontsize=9,
+                fontweight="bold")
+    ax.set_ylabel("time per step, ms (mean over whole update cycles)")
+    ax.set_ylim(0, max(r["cycle_mean_ms"] for r in shown) * 1.25)
+    ax.set_title(f"{title}\n{subtitle}", fontsize=10)
+    ax.legend(fontsize=8, loc="upper right", frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    plt.xticks(fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

@@ -1,0 +1,173 @@
+"""Run one (engine, workload, config) in a fresh subprocess and write its run record.
+
+Fresh process per run: DeepSpeed changes process affinity and threads, and its overlap worker re-imports
+`__main__`. The child writes its record atomically, also when it fails; if it dies without one (killed, out of
+memory), the parent writes a `status: "failed"` record with the exit code and the end of its stderr.
+
+    python -m zenflow.harness.runner SPEC.json RECORD.json     # the child side
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zenflow.harness.records import RunRecord, summarize_steps
+
+
+@dataclass
+class RunSpec:
+    engine: str
+    label: str
+    workload: dict[str, Any]
+    ds_config: dict[str, Any]
+    warmup_steps: int = 8
+    timed_steps: int = 16
+    threads: int | None = None  # torch intra-op threads; None = every core this process may use
+    telemetry: bool = True
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cycle(self) -> int:
+        block = self.ds_config["zero_optimization"].get("zenflow") or {}
+        interval = block.get("update_interval", 1)
+        return interval if self.engine in ("ref-zenflow", "ds-zenflow") and isinstance(interval, int) else 1
+
+
+def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -> RunRecord:
+    """Run `spec` in a child interpreter; always returns a complete record (ok or failed)."""
+    out = Path(out)
+    out.unlink(missing_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(asdict(spec), f)
+    stderr_tail = ""
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "zenflow.harness.runner", f.name, str(out)],
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            stderr_tail = _relay_stderr(proc, timeout_s)
+            code = proc.wait(timeout=timeout_s)
+        except BaseException:  # timeout or Ctrl-C: never leave the child running
+            proc.kill()
+            proc.wait()
+            raise
+    except subprocess.TimeoutExpired:
+        code = f"timeout after {timeout_s:.0f} s"
+    except KeyboardInterrupt:
+        _failed(spec, "interrupted (KeyboardInterrupt)", stderr_tail).write(out)
+        raise
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+    if not out.exists():
+        _failed(spec, f"child exited ({code}) without a record", stderr_tail).write(out)
+    return RunRecord.read(out)
+
+
+def _relay_stderr(proc: subprocess.Popen, timeout_s: float) -> str:
+    """Show the child's progress bar live and keep the last lines for a failure record."""
+    tail: list[str] = []
+    for line in proc.stderr:  # ends when the child closes stderr
+        sys.stderr.write(line)
+        tail = (tail + [line])[-40:]
+    return "".join(tail)
+
+
+def _failed(spec: RunSpec, error: str, stderr_tail: str = "") -> RunRecord:
+    return RunRecord(engine=spec.engine, label=spec.label, status="failed", error=error + "\n" + stderr_tail,
+                     config=spec.ds_config, workload=spec.workload,
+                     protocol={"warmup_steps": spec.warmup_steps, "timed_steps": spec.timed_steps})
+
+
+def execute(spec: RunSpec) -> RunRecord:
+    """The child side: build workload and engine, warm up, time whole cycles, summarize."""
+    import torch
+    from tqdm import tqdm
+
+    from zenflow.harness.engines import make_engine
+    from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
+    from zenflow.telemetry.timeline import StepTimeline
+
+    torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
+    workload = Workload(**spec.workload)
+    texts, source = load_texts(workload)
+    data = batches(workload, Tokenizer(workload), texts)
+    model = build_model(workload)
+    record = RunRecord(engine=spec.engine, label=spec.label, config=spec.ds_config,
+                       workload={**workload.to_dict(), "data_source": source},
+                       environment=_environment(), model=_model_facts(model))
+    timeline = StepTimeline()
+    engine = make_engine(spec.engine, model, spec.ds_config, timeline, telemetry=spec.telemetry)
+    cycle = spec.cycle
+    timed = -(-spec.timed_steps // cycle) * cycle  # whole update cycles
+    record.protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": timed, "cycle": cycle,
+                       "threads": torch.get_num_threads(), "telemetry": spec.telemetry,
+                       "stall_includes_io": engine.stall_includes_io, **spec.extra}
+    total = spec.warmup_steps + timed
+    try:
+        bar = tqdm(range(total), desc=f"{spec.label} {spec.engine}", disable=not spec.progress, file=sys.stderr,
+                   dynamic_ncols=True)
+        for i in bar:
+            timing = timeline.start_step(i)
+            timing.loss = engine.train_step(next(data), timing)
+            if i < spec.warmup_steps:
+                timing.kind = "warmup"
+            bar.set_postfix(loss=f"{timing.loss:.3f}", kind=timing.kind)
+        timeline.finish()
+    finally:
+        engine.close()
+    record.steps = [_step_row(t) for t in timeline.steps]
+    bytes_total = engine.transfer_bytes()
+    if bytes_total is None:
+        record.warnings.append(f"{spec.engine}: bytes not measured (no counters inside the engine; NVML needs a GPU)")
+    record.summary = summarize_steps(record.steps, cycle, record.model["model_bytes"])
+    record.metrics["final_loss"] = record.summary["final_loss"]
+    return record
+
+
+def _step_row(t: Any) -> dict[str, Any]:
+    return {"step": t.step, "kind": t.kind, "period_ms": t.period_ms, "compute_ms": t.compute_ms,
+            "io_ms": t.io_ms, "stall_ms": t.stall_ms, "forward_backward_ms": t.forward_backward_ms,
+            "optimizer_ms": t.optimizer_ms, "bytes": dict(t.bytes) or None, "loss": t.loss}
+
+
+def _model_facts(model: Any) -> dict[str, Any]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    column = [p for p in params if p.dim() >= 2]
+    element = params[0].element_size() if params else 0
+    return {"parameters": sum(p.numel() for p in params), "column_parameters": sum(p.numel() for p in column),
+            "dense_parameters": sum(p.numel() for p in params if p.dim() < 2),
+            "dtype": str(params[0].dtype) if params else None,
+            "model_bytes": sum(p.numel() for p in column) * element}
+
+
+def _environment() -> dict[str, Any]:
+    try:
+        from zenflow.telemetry.environment import capture_environment
+
+        return capture_environment()
+    except Exception as exc:  # the record says why instead of failing the run
+        return {"error": f"environment capture failed: {exc!r}"}
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out = argv
+    spec = RunSpec(**json.loads(Path(spec_path).read_text()))
+    try:
+        record = execute(spec)
+    except BaseException:  # record the failure completely, then exit non-zero
+        _failed(spec, traceback.format_exc()).write(out)
+        return 1
+    record.write(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,155 @@
+"""Workloads: a model, a tokenizer and a deterministic stream of token batches.
+
+- `cpu-scale`: a Llama-architecture model built from `LlamaConfig` (random init), the real Llama SentencePiece
+  tokenizer shipped in `mistral-common`, real Alpaca records (or tiny-shakespeare, or generated text).
+- anything else in `model`: a Hugging Face causal LM (hub id or local path) with its own tokenizer; Alpaca from a
+  local JSON or `datasets` (`tatsu-lab/alpaca`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SHARED_TEXT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "text"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Stanford Alpaca's prompt template (the DeepSpeedExamples Llama-2 fine-tuning uses the same records).
+PROMPT = ("Below is an instruction that describes a task, paired with an input that provides further context. "
+          "Write a response that appropriately completes the request.\n\n"
+          "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
+PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately completes "
+                   "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be built (unknown dtype, missing data, a model that does not load)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: str = "cpu-scale"     # "cpu-scale" or a Hugging Face id / local path
+    dtype: str = "bf16"
+    seq_len: int = 32
+    micro_batch: int = 1
+    data: str = "auto"           # "auto", "synthetic", or a path to an Alpaca-format JSON / a text file
+    seed: int = 1234
+    # cpu-scale model shape (≈58M parameters: 32k vocab x 512 embeddings and head, 8 layers)
+    hidden: int = 512
+    layers: int = 8
+    intermediate: int = 1408
+    heads: int = 8
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise WorkloadError(f"workload.dtype = {self.dtype!r} is not allowed: expected one of {list(DTYPES)}")
+        for name in ("seq_len", "micro_batch", "hidden", "layers", "intermediate", "heads"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise WorkloadError(f"workload.{name} = {getattr(self, name)!r} is not allowed: expected an int >= 1")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_model(w: Workload) -> torch.nn.Module:
+    """The model, seeded, in the workload dtype."""
+    torch.manual_seed(w.seed)
+    if w.model == "cpu-scale":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(vocab_size=32000, hidden_size=w.hidden, intermediate_size=w.intermediate,
+                             num_hidden_layers=w.layers, num_attention_heads=w.heads, num_key_value_heads=w.heads,
+                             max_position_embeddings=max(512, w.seq_len), tie_word_embeddings=False)
+        return LlamaForCausalLM(config).to(w.torch_dtype)
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(w.model, dtype=w.torch_dtype)
+    except (OSError, ValueError) as exc:
+        raise WorkloadError(f"workload.model = {w.model!r} does not load as a causal LM: {exc}") from exc
+
+
+class Tokenizer:
+    """encode(text) -> ids, plus eos; the cpu-scale one is Llama's SentencePiece model from mistral-common."""
+
+    def __init__(self, w: Workload) -> None:
+        if w.model == "cpu-scale":
+            import sentencepiece
+            from mistral_common import __file__ as mc_file
+
+            path = Path(mc_file).parent / "data" / "tokenizer.model.v1"
+            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+            self.eos_id, self.vocab_size, self.name = self._sp.eos_id(), self._sp.get_piece_size(), str(path.name)
+            self.encode = self._sp.encode
+        else:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(w.model)
+            self.eos_id, self.vocab_size, self.name = tok.eos_token_id, len(tok), w.model
+            self.encode = lambda text: tok(text, add_special_tokens=True)["input_ids"]
+
+
+def load_texts(w: Workload) -> tuple[list[str], str]:
+    """Training texts and where they came from (recorded, so a run says what it trained on)."""
+    if w.data == "synthetic":
+        return _generated_texts(w.seed), "generated"
+    if w.data != "auto":
+        return _texts_from(Path(w.data)), w.data
+    for candidate in (SHARED_TEXT / "alpaca" / "alpaca_data_1k.json", SHARED_TEXT / "alpaca" / "alpaca_data_200.json",
+                      SHARED_TEXT / "tinyshakespeare" / "input.txt"):
+        if candidate.exists():
+            return _texts_from(candidate), str(candidate.relative_to(SHARED_TEXT.parent.parent))
+    if w.model != "cpu-scale":  # the GPU scenario: Alpaca from the hub
+        from datasets import load_dataset
+
+        records = load_dataset("tatsu-lab/alpaca", split="train")
+        return [_alpaca_prompt(r) for r in records], "datasets:tatsu-lab/alpaca"
+    return _generated_texts(w.seed), "generated"
+
+
+def _texts_from(path: Path) -> list[str]:
+    if not path.exists():
+        raise WorkloadError(f"workload.data = {str(path)!r}: file not found")
+    if path.suffix == ".json":
+        records = json.loads(path.read_text())
+        if not isinstance(records, list) or not all(isinstance(r, dict) and "instruction" in r for r in records):
+            raise WorkloadError(f"workload.data = {str(path)!r}: expected an Alpaca JSON list of "
+                                "{instruction, input, output} records")
+        return [_alpaca_prompt(r) for r in records]
+    text = path.read_text()
+    return [text[i:i + 2000] for i in range(0, len(text), 2000)]
+
+
+def _alpaca_prompt(record: dict) -> str:
+    template = PROMPT if record.get("input") else PROMPT_NO_INPUT
+    return template.format(**{"input": "", **record}) + record.get("output", "")
+
+
+def _generated_texts(seed: int) -> list[str]:
+    rng = random.Random(seed)
+    words = "the model trains on columns while the host updates the rest of every weight in the background".split()
+    return [" ".join(rng.choice(words) for _ in range(200)) for _ in range(200)]
+
+
+def batches(w: Workload, tokenizer: Tokenizer, texts: list[str]) -> Iterator[torch.Tensor]:
+    """Packed token batches [micro_batch, seq_len], deterministic in the seed, cycling over the data forever."""
+    stream: list[int] = []
+    for text in texts:
+        stream += list(tokenizer.encode(text)) + [tokenizer.eos_id]
+    per_batch = w.micro_batch * w.seq_len
+    if len(stream) < per_batch:
+        raise WorkloadError(f"workload data has {len(stream)} tokens: expected at least {per_batch} for one batch")
+    starts = list(range(0, len(stream) - per_batch + 1, per_batch))
+    random.Random(w.seed).shuffle(starts)
+    while True:
+        for start in starts:
+            yield torch.tensor(stream[start:start + per_batch]).view(w.micro_batch, w.seq_len)

@@ -1,0 +1,1 @@
+"""Run telemetry: NVML sampling (GPU hosts) and environment capture for run records."""

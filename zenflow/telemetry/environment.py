@@ -1,0 +1,155 @@
+"""Where a run ran: versions, git commit, host, CPU, memory, GPUs/driver/PCIe link, and a hardware-class id.
+
+Everything is read, not assumed: a fact that cannot be read is None (with the error string where there is one).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from zenflow.telemetry.nvml import nvml_snapshot
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _slug(text: str) -> str:
+    """Lower-case, filesystem-safe; (R)/(TM), 'CPU', 'Processor' and '@ clock' are noise, other junk runs -> '-'."""
+    text = re.sub(r"\((r|tm)\)|\b(cpu|processor)\b|@.*$", " ", text.lower())
+    return re.sub(r"[^a-z0-9.]+", "-", text).strip("-.") or "unknown"
+
+
+def _proc_field(path: str, key: str) -> str | None:
+    """First `key : value` line of a /proc file (cpuinfo, meminfo); None where the file or key is absent."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
+    except OSError:
+        return None
+    return None
+
+
+def _git(repo: Path = _REPO) -> dict[str, Any]:
+    """HEAD commit and dirty flag of the project checkout; None when `repo` is not itself a git work tree."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        # An installed copy (site-packages inside some other repo's venv) must not report that repo's commit.
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != repo.resolve():
+            return {"commit": None, "dirty": None, "error": top.stderr.strip() or "not the project's own checkout"}
+        head, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"commit": None, "dirty": None, "error": str(e)}
+    # Tracked changes only: untracked outputs (results/, caches) would otherwise mark every run dirty.
+    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return {"commit": head.stdout.strip() or None, "dirty": dirty, "error": head.stderr.strip() or None}
+
+
+@functools.lru_cache(maxsize=1)
+def _deepspeed() -> tuple[tuple[str, Any], ...]:
+    # A real import, not package metadata, so a broken install shows here. It takes ~2 s and prints an accelerator
+    # warning line, hence once per process (cached, returned as a tuple so callers cannot mutate the cache).
+    try:
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+
+        return (("version", deepspeed.__version__), ("accelerator", get_accelerator().device_name()), ("error", None))
+    except Exception as e:  # any import failure is a fact to record, not a reason to fail the run
+        return (("version", None), ("accelerator", None), ("error", f"{type(e).__name__}: {e}"))
+
+
+def _torch() -> dict[str, Any]:
+    try:
+        import torch
+    except Exception as e:
+        return {"version": None, "error": f"{type(e).__name__}: {e}"}
+    # Note: on a GPU host torch.cuda.get_device_name initialises CUDA in this process (as training will anyway).
+    cuda = torch.cuda.is_available()
+    return {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "num_threads": torch.get_num_threads(),
+        "cuda_available": cuda,
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+    }
+
+
+def _version(package: str) -> str | None:
+    try:  # installed metadata: importing transformers just for its version would cost seconds
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def capture_environment() -> dict[str, Any]:
+    """JSON-serialisable facts about this process's software and hardware, plus `hardware_id`."""
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        allowed = os.cpu_count()
+    mem_kb = _proc_field("/proc/meminfo", "MemTotal")
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "torch": _torch(),
+        "deepspeed": dict(_deepspeed()),
+        "transformers": _version("transformers"),
+        "git": _git(),
+        "hostname": socket.gethostname(),
+        "os": {"system": platform.system(), "release": platform.release(), "platform": platform.platform()},
+        "cpu": {
+            "model": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine(),
+            "logical_cores": os.cpu_count(),
+            "allowed_cores": allowed,
+        },
+        "memory_total_bytes": int(mem_kb.split()[0]) * 1024 if mem_kb else None,
+        "nvml": nvml_snapshot(),
+    }
+    env["hardware_id"] = hardware_id(env)
+    return env
+
+
+def _gpus(env: dict[str, Any]) -> tuple[list[str], int | None]:
+    """GPU names and max PCIe gen: NVML's view if it answers, else torch's names with the generation unknown."""
+    nvml = env.get("nvml") or {}
+    if nvml.get("available") and nvml.get("devices"):
+        gens = [d["pcie_gen_max"] for d in nvml["devices"] if d.get("pcie_gen_max")]
+        return [d["name"] or "unknown-gpu" for d in nvml["devices"]], max(gens) if gens else None
+    return list(env.get("torch", {}).get("cuda_devices") or []), None
+
+
+def hardware_id(env: dict[str, Any]) -> str:
+    """Short filesystem-safe hardware class: 'cpu-scale-<cpu>-<n>c' or '<gpu>x<count>-pcie<gen>'."""
+    names, gen = _gpus(env)
+    if not names:
+        return f"cpu-scale-{_slug(env['cpu']['model'] or 'unknown')}-{env['cpu']['allowed_cores']}c"
+    # Mixed GPU models are listed in order, each with its count, so two such hosts compare equal only if they match.
+    parts = [f"{_slug(n)}x{names.count(n)}" for n in dict.fromkeys(names)]
+    return "-".join(parts) + (f"-pcie{gen}" if gen else "-pcie-unknown")
+
+
+def hardware_label(env: dict[str, Any]) -> str:
+    """Human-readable hardware line for reports."""
+    model = re.sub(r"\s*\((R|TM)\)", "", env["cpu"]["model"] or "unknown CPU")
+    cpu = f"{env['cpu']['allowed_cores']}-core {model}"
+    names, gen = _gpus(env)
+    if not names:
+        return f"cpu-scale: {cpu} (no GPU)"
+    gpus = ", ".join(f"{names.count(n)}x {n}" for n in dict.fromkeys(names))
+    driver = (env.get("nvml") or {}).get("driver")
+    return f"{gpus}, PCIe gen {gen or '?'}, driver {driver or '?'} (host: {cpu})"

@@ -1,0 +1,249 @@
+"""NVML telemetry: per-GPU PCIe throughput, utilization and cumulative PCIe byte counters from a sampler thread.
+
+Nothing is estimated. Without a driver the result is `{"available": False, "reason": <NVML's own error string>}`;
+a metric or counter field the GPU refuses is marked unsupported with NVML's string, never filled in. TX/RX follow
+NVML's naming (the GPU's end of the link).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from typing import Any
+
+import pynvml
+
+# Usable bytes/s per lane (after line coding) by PCIe generation. Used only to flag a sampling gap long enough for a
+# counter to wrap more than once, which a delta cannot see (it would silently come out short).
+_LANE_BYTES_PER_S = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+_SERIES = ("pcie_tx_kbps", "pcie_rx_kbps", "util_gpu_pct", "util_mem_pct")  # sampled per tick, summarised at the end
+
+
+def counter_delta(start: int, end: int, bits: int = 64) -> int:
+    """Bytes counted between two reads of a free-running `bits`-wide counter; `end < start` means it wrapped once."""
+    modulus = 1 << bits
+    if not (0 <= start < modulus and 0 <= end < modulus):
+        raise ValueError(f"counter reads {start}, {end} do not fit in {bits} bits")
+    return end - start if end >= start else end + modulus - start
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default method) of a non-empty list."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo, hi = int(pos), min(int(pos) + 1, len(xs) - 1)
+    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+
+
+def summarize(values: list[float]) -> dict[str, float | None]:
+    """{"median", "p90", "max"} of samples; all None when there are none (nothing is invented for an empty run)."""
+    if not values:
+        return {"median": None, "p90": None, "max": None}
+    return {"median": quantile(values, 0.5), "p90": quantile(values, 0.9), "max": float(max(values))}
+
+
+# nvmlValueType_t -> (union member, width in bits). The width decides where the counter wraps, so it is taken from the
+# type NVML reports for each read rather than assumed; c_ulong is 32 bits on Windows and 64 on Linux.
+_VALUE_MEMBERS: dict[int, tuple[str, int]] = {
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: ("uiVal", 32),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: ("ulVal", 8 * ctypes.sizeof(ctypes.c_ulong)),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: ("ullVal", 64),
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: ("sllVal", 64),
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: ("siVal", 32),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: ("usVal", 16),
+}
+
+
+def field_counter(field: Any) -> tuple[int, int]:
+    """(value, width in bits) of one nvmlFieldValue_t, read through the union member its `valueType` names."""
+    if field.valueType not in _VALUE_MEMBERS:  # a double (or unknown type) is not a byte counter
+        raise ValueError(f"field {field.fieldId} has non-counter valueType {field.valueType}")
+    member, bits = _VALUE_MEMBERS[field.valueType]
+    # Signed members are reinterpreted as the unsigned bit pattern so wrap arithmetic stays modular.
+    return int(getattr(field.value, member)) & ((1 << bits) - 1), bits
+
+
+def wrap_ambiguous(max_gap_s: float, bits: int | None, gen: int | None, width: int | None) -> bool | None:
+    """True if the link could move >= 2**bits bytes in the longest gap between reads; None if bits/gen/width unknown."""
+    per_lane = _LANE_BYTES_PER_S.get(gen or 0)
+    return None if per_lane is None or not width or not bits else max_gap_s * per_lane * width >= (1 << bits)
+
+
+def _device_facts(nv: Any, handle: Any, index: int) -> dict[str, Any]:
+    """Name and PCIe link (current and max) of one GPU; a refused query leaves None plus NVML's string in errors."""
+    facts: dict[str, Any] = {"index": index, "errors": {}}
+    queries = {
+        "name": nv.nvmlDeviceGetName,
+        "pcie_gen": nv.nvmlDeviceGetCurrPcieLinkGeneration,
+        "pcie_width": nv.nvmlDeviceGetCurrPcieLinkWidth,
+        "pcie_gen_max": nv.nvmlDeviceGetMaxPcieLinkGeneration,
+        "pcie_width_max": nv.nvmlDeviceGetMaxPcieLinkWidth,
+    }
+    for key, fn in queries.items():
+        try:
+            facts[key] = fn(handle)
+        except nv.NVMLError as e:
+            facts[key], facts["errors"][key] = None, str(e)
+    return facts
+
+
+def nvml_snapshot(nvml: Any = None) -> dict[str, Any]:
+    """Static facts read once: driver, and per GPU its name and PCIe link gen/width (current and max)."""
+    nv = pynvml if nvml is None else nvml
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as e:
+        return {"available": False, "reason": str(e)}
+    try:
+        devices = [_device_facts(nv, nv.nvmlDeviceGetHandleByIndex(i), i) for i in range(nv.nvmlDeviceGetCount())]
+        return {"available": True, "reason": None, "driver": nv.nvmlSystemGetDriverVersion(), "devices": devices}
+    except nv.NVMLError as e:
+        return {"available": False, "reason": str(e)}
+    finally:
+        with contextlib.suppress(nv.NVMLError):
+            nv.nvmlShutdown()
+
+
+class NvmlSampler:
+    """`with NvmlSampler() as s: ...; s.result()`. Pass `nvml=` only to substitute a recorded fake in tests."""
+
+    def __init__(self, device_indices: list[int] | None = None, interval_s: float = 0.05, nvml: Any = None) -> None:
+        self._nv = pynvml if nvml is None else nvml
+        self._indices, self._interval = device_indices, interval_s
+        self._reason: str | None = "sampler not started"
+        self._driver: str | None = None  # NVML's driver version string, once initialised
+        self._devs: list[dict[str, Any]] = []
+        self._stop, self._initialised = threading.Event(), False
+        self._thread: threading.Thread | None = None
+        self._thread_error: str | None = None  # an unexpected exception in the sampler thread, reported in result()
+
+    def __enter__(self) -> NvmlSampler:
+        nv = self._nv
+        try:
+            nv.nvmlInit()
+            self._initialised = True
+            self._driver = nv.nvmlSystemGetDriverVersion()
+            indices = self._indices if self._indices is not None else range(nv.nvmlDeviceGetCount())
+            for i in indices:
+                handle = nv.nvmlDeviceGetHandleByIndex(i)
+                dev = _device_facts(nv, handle, i) | {"handle": handle}
+                dev.update({k: [] for k in _SERIES}, ticks=0, reads=0, max_gap_s=0.0, last_t=None)
+                dev["counter"] = {k: {"last": None, "total": 0, "bits": None, "error": None} for k in ("tx", "rx")}
+                self._devs.append(dev)
+        except nv.NVMLError as e:
+            self._reason = str(e)
+            return self
+        self._reason = None
+        self._read_counters()  # baseline; the final read happens in __exit__
+        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            if self._reason is None:
+                self._read_counters()  # closes the counting window
+        except Exception as e:  # reported in result(); sampler trouble must not mask the run's own exception
+            self._thread_error = self._thread_error or f"{type(e).__name__}: {e}"
+        if self._initialised:
+            with contextlib.suppress(self._nv.NVMLError):
+                self._nv.nvmlShutdown()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                for dev in self._devs:
+                    # Counters are re-read before each GPU's rate queries: nvmlDeviceGetPcieThroughput blocks ~20 ms
+                    # per direction, and with several GPUs a 32-bit counter could otherwise wrap unseen.
+                    self._read_counters()
+                    self._sample_rates(dev)
+                if self._stop.wait(self._interval):
+                    return
+        except Exception as e:  # a sampler bug must not kill the run; it is reported in the result
+            self._thread_error = f"{type(e).__name__}: {e}"
+
+    def _read_counters(self) -> None:
+        nv = self._nv
+        fields = [nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
+        for dev in self._devs:
+            counters = [dev["counter"]["tx"], dev["counter"]["rx"]]
+            if all(c["error"] is not None for c in counters):
+                continue
+            now, got = time.perf_counter(), False
+            try:  # each entry carries its own nvmlReturn: one field can be refused while the other is read
+                reads = [(fv.nvmlReturn, fv) for fv in nv.nvmlDeviceGetFieldValues(dev["handle"], fields)]
+            except nv.NVMLError as e:  # the whole call refused (e.g. Function Not Found on an old driver)
+                reads = [(e.value, None)] * 2
+            for c, (ret, fv) in zip(counters, reads):
+                if c["error"] is not None:
+                    continue
+                if ret != nv.NVML_SUCCESS:
+                    if c["last"] is None:  # refused on first read: unsupported (needs driver R555+, GPU support)
+                        c["error"] = str(nv.NVMLError(ret))
+                    continue  # a later transient failure only lengthens the gap, which max_gap_s reports
+                try:
+                    value, c["bits"] = field_counter(fv)
+                except ValueError as e:  # not an integer counter: report it rather than guess a width
+                    c["error"] = str(e)
+                    continue
+                if c["last"] is not None:
+                    c["total"] += counter_delta(c["last"], value, c["bits"])
+                c["last"], got = value, True
+            if got:
+                if dev["last_t"] is not None:
+                    dev["max_gap_s"] = max(dev["max_gap_s"], now - dev["last_t"])
+                dev["last_t"], dev["reads"] = now, dev["reads"] + 1
+
+    def _sample_rates(self, dev: dict[str, Any]) -> None:
+        nv, h, err = self._nv, dev["handle"], dev["errors"]
+        link_gen, link_width = nv.nvmlDeviceGetCurrPcieLinkGeneration, nv.nvmlDeviceGetCurrPcieLinkWidth
+        dev["ticks"] += 1
+        probes = {
+            "pcie_tx": lambda: {"pcie_tx_kbps": nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)},
+            "pcie_rx": lambda: {"pcie_rx_kbps": nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)},
+            "util": lambda: {"util_gpu_pct": (u := nv.nvmlDeviceGetUtilizationRates(h)).gpu, "util_mem_pct": u.memory},
+            # An idle GPU trains its link down, so the gen/width that carried traffic is the highest seen.
+            "link": lambda: {"pcie_gen": link_gen(h), "pcie_width": link_width(h)},
+        }
+        for key, probe in probes.items():
+            if key in err:  # refused once: reported, not retried (a retry would only thin the series unevenly)
+                continue
+            try:
+                for name, v in probe().items():
+                    if isinstance(dev[name], list):
+                        dev[name].append(v)
+                    else:
+                        dev[name] = max(dev[name] or 0, v)
+            except nv.NVMLError as e:
+                err[key] = str(e)
+
+    def result(self) -> dict[str, Any]:
+        """Plain JSON-serialisable summary; call after the `with` block."""
+        if self._reason is not None:
+            return {"available": False, "reason": self._reason, "driver": self._driver, "devices": []}
+        out = {"available": True, "reason": None, "driver": self._driver, "interval_s": self._interval}
+        return out | {"sampler_error": self._thread_error, "devices": [self._device_result(d) for d in self._devs]}
+
+    @staticmethod
+    def _device_result(d: dict[str, Any]) -> dict[str, Any]:
+        tx, rx = d["counter"]["tx"], d["counter"]["rx"]
+        valid = {k: c["error"] is None and c["last"] is not None for k, c in d["counter"].items()}
+        bits = max(tx["bits"] or 0, rx["bits"] or 0)
+        return {k: d[k] for k in ("index", "name", "pcie_gen", "pcie_width", "pcie_gen_max", "pcie_width_max")} | {
+            "tx_bytes": tx["total"] if valid["tx"] else None,
+            "rx_bytes": rx["total"] if valid["rx"] else None,
+            "counters": "nvml_fi" if all(valid.values()) else "unsupported",
+            "counter_bits": {"tx": tx["bits"], "rx": rx["bits"]},
+            "counter_errors": {"tx": tx["error"], "rx": rx["error"]},
+            "counter_reads": d["reads"],
+            "counter_max_gap_s": d["max_gap_s"],
+            "wrap_ambiguous": wrap_ambiguous(d["max_gap_s"], bits, d["pcie_gen"], d["pcie_width"]),
+            "samples": d["ticks"],
+            **{k: summarize(d[k]) for k in _SERIES},
+            "errors": dict(d["errors"]),
+        }
