@@ -9,11 +9,13 @@ memory), the parent writes a `status: "failed"` record with the exit code and th
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,17 +50,22 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
     out.unlink(missing_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(asdict(spec), f)
-    stderr_tail = ""
+    stderr_tail, code = "", None
     try:
         proc = subprocess.Popen([sys.executable, "-m", "zenflow.harness.runner", f.name, str(out)],
                                 stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        tail: collections.deque[str] = collections.deque(maxlen=40)
+        relay = threading.Thread(target=_relay_stderr, args=(proc, tail), daemon=True)
+        relay.start()
         try:
-            stderr_tail = _relay_stderr(proc, timeout_s)
             code = proc.wait(timeout=timeout_s)
         except BaseException:  # timeout or Ctrl-C: never leave the child running
             proc.kill()
             proc.wait()
             raise
+        finally:
+            relay.join(timeout=5)
+            stderr_tail = "".join(tail)
     except subprocess.TimeoutExpired:
         code = f"timeout after {timeout_s:.0f} s"
     except KeyboardInterrupt:
@@ -71,13 +78,11 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
     return RunRecord.read(out)
 
 
-def _relay_stderr(proc: subprocess.Popen, timeout_s: float) -> str:
+def _relay_stderr(proc: subprocess.Popen, tail: collections.deque) -> None:
     """Show the child's progress bar live and keep the last lines for a failure record."""
-    tail: list[str] = []
-    for line in proc.stderr:  # ends when the child closes stderr
+    for line in proc.stderr:  # ends when the child closes stderr (exits or is killed)
         sys.stderr.write(line)
-        tail = (tail + [line])[-40:]
-    return "".join(tail)
+        tail.append(line)
 
 
 def _failed(spec: RunSpec, error: str, stderr_tail: str = "") -> RunRecord:
@@ -93,6 +98,7 @@ def execute(spec: RunSpec) -> RunRecord:
 
     from zenflow.harness.engines import make_engine
     from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
+    from zenflow.telemetry.nvml import NvmlSampler
     from zenflow.telemetry.timeline import StepTimeline
 
     torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
@@ -111,10 +117,14 @@ def execute(spec: RunSpec) -> RunRecord:
                        "threads": torch.get_num_threads(), "telemetry": spec.telemetry,
                        "stall_includes_io": engine.stall_includes_io, **spec.extra}
     total = spec.warmup_steps + timed
+    sampler = NvmlSampler()  # a background thread on a GPU host; records why it is absent otherwise
+    sampling = False
     try:
         bar = tqdm(range(total), desc=f"{spec.label} {spec.engine}", disable=not spec.progress, file=sys.stderr,
                    dynamic_ncols=True)
         for i in bar:
+            if i == spec.warmup_steps:
+                sampling = bool(sampler.__enter__())  # NVML counters cover the timed steps only
             timing = timeline.start_step(i)
             timing.loss = engine.train_step(next(data), timing)
             if i < spec.warmup_steps:
@@ -122,7 +132,10 @@ def execute(spec: RunSpec) -> RunRecord:
             bar.set_postfix(loss=f"{timing.loss:.3f}", kind=timing.kind)
         timeline.finish()
     finally:
+        if sampling:
+            sampler.__exit__(None, None, None)
         engine.close()
+    record.nvml = sampler.result() if sampling else {"available": False, "reason": "no timed steps"}
     record.steps = [_step_row(t) for t in timeline.steps]
     bytes_total = engine.transfer_bytes()
     if bytes_total is None:

@@ -1,0 +1,141 @@
+"""Harness: records are atomic and complete, failures become failed records, tables read records only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from zenflow.harness import records as records_module
+from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.records import RecordError, RunRecord, describe, summarize_steps
+from zenflow.harness.report import engine_rows, table
+from zenflow.harness.runner import RunSpec, run_in_subprocess
+from zenflow.telemetry.timeline import StepTimeline
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"model": "cpu-scale", "dtype": "fp32", "seq_len": 8, "hidden": 32, "layers": 1, "intermediate": 64,
+        "heads": 2}
+BLOCK = {"topk_ratio": 0.1, "update_interval": 2, "overlap_step": True}
+
+
+def test_record_write_is_atomic_and_an_interrupted_write_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "run.json"
+    RunRecord(engine="ref-zenflow", summary={"x": 1}).write(path)
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(records_module.json, "dump", crash)
+    with pytest.raises(KeyboardInterrupt):
+        RunRecord(engine="ref-zenflow", summary={"x": 2}).write(path)
+    assert RunRecord.read(path).summary == {"x": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # no half-written temporary left behind
+
+
+def test_reading_a_record_of_another_schema_version_fails_clearly(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"schema_version": 0, "engine": "x"}))
+    with pytest.raises(RecordError, match="schema_version = 0, expected 1"):
+        RunRecord.read(path)
+
+
+def test_describe_gives_known_statistics():
+    d = describe([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert d["median"] == 3.0 and d["mean"] == 3.0 and d["n"] == 5
+    assert d["p90"] == pytest.approx(4.6) and d["iqr"] == pytest.approx(2.0)
+    assert d["cv"] == pytest.approx((2.0 ** 0.5) / 3.0)
+    assert describe([])["median"] is None
+
+
+def test_summary_uses_whole_cycles_and_splits_accumulate_from_update_steps():
+    kinds = ["warmup", "accumulate", "update"] * 1 + ["accumulate", "update"] * 2 + ["accumulate"]
+    steps = [{"kind": k, "period_ms": 10.0 if k == "accumulate" else 30.0, "compute_ms": 5.0, "io_ms": 1.0,
+              "stall_ms": 0.0, "bytes": {"d2h_grads": 100, "h2d_params": 50 if k == "update" else 0},
+              "loss": float(i)} for i, k in enumerate(kinds)]
+    s = summarize_steps(steps, cycle=2, model_bytes=100)
+    assert s["cycles"] == 3  # the trailing lone accumulate step is not a whole cycle
+    assert s["cycle_mean_ms"] == 20.0 and s["accumulate_step_ms"] == 10.0 and s["update_step_ms"] == 30.0
+    assert s["grad_param_bytes_per_step_over_model_bytes"] == pytest.approx(1.25)
+    assert s["final_loss"] == float(len(kinds) - 1)
+
+
+def test_timeline_splits_blocking_sections_into_io_and_stall_and_counts_nested_copies_once():
+    tl = StepTimeline()
+    step = tl.start_step(0)
+    for what in ("copy_d2h", "host_wait"):
+        tl.on_block_start(what)
+        tl.on_block_end(what)
+    tl.on_block_start("reselect")
+    tl.on_block_start("copy_h2d")
+    tl.on_block_end("copy_h2d")
+    tl.on_block_end("reselect")
+    tl.on_transfer("d2h", "grads", 7)
+    tl.finish()
+    tl.on_transfer("h2d", "params", 5)  # after finish: a final drain is not attributed to the last step
+    assert step.io_ms > 0 and step.stall_ms > 0
+    assert step.bytes == {"d2h_grads": 7}
+    assert step.compute_ms == pytest.approx(step.period_ms - step.io_ms - step.stall_ms)
+
+
+def tiny_spec(engine: str, **kw) -> RunSpec:
+    cfg = deepspeed_config(engine, BLOCK, "fp32", 1, lr=1e-3, weight_decay=0.01, clipping=1.0, cuda=False)
+    settings = {"warmup_steps": 2, "timed_steps": 4, "progress": False, **kw}
+    return RunSpec(engine=engine, label="test", workload={**TINY, **settings.pop("workload", {})}, ds_config=cfg,
+                   **settings)
+
+
+def test_a_failing_run_leaves_a_complete_failed_record(tmp_path):
+    out = tmp_path / "bad.json"
+    record = run_in_subprocess(tiny_spec("ref-zenflow", workload={"data": str(tmp_path / "missing.json")}), out)
+    assert record.status == "failed" and "file not found" in record.error
+    assert RunRecord.read(out).status == "failed"
+
+
+def test_a_killed_run_leaves_a_failed_record_and_no_process(tmp_path):
+    out = tmp_path / "slow.json"
+    record = run_in_subprocess(tiny_spec("ref-zenflow", timed_steps=10_000), out, timeout_s=3)
+    assert record.status == "failed" and "timeout" in record.error
+
+
+@pytest.mark.parametrize("engine", ["ref-zenflow", "ref-offload", "no-offload"])
+def test_a_run_record_holds_timings_bytes_environment_and_nvml_status(tmp_path, engine):
+    record = run_in_subprocess(tiny_spec(engine), tmp_path / f"{engine}.json")
+    assert record.status == "ok", record.error
+    timed = [s for s in record.steps if s["kind"] != "warmup"]
+    assert len(timed) == 4 and all(s["period_ms"] > 0 for s in timed)
+    assert record.environment["hardware_id"].startswith("cpu-scale")
+    assert record.nvml["available"] is False and record.nvml["reason"]
+    if engine == "ref-offload":
+        assert record.summary["grad_param_bytes_per_step_over_model_bytes"] == pytest.approx(2.0)
+    if engine == "ref-zenflow":
+        assert [s["kind"] for s in timed] == ["accumulate", "update"] * 2
+
+
+def test_table_computes_speedup_and_stall_reduction_from_records():
+    def rec(engine, cycle, stall):
+        return RunRecord(engine=engine, summary={"step_ms": {"median": cycle}, "cycle_mean_ms": cycle,
+                                                 "stall_ms": stall, "compute_ms": cycle - stall, "io_ms": 0.0})
+    rows = engine_rows([rec("ds-zero-offload", 400.0, 300.0), rec("ref-offload", 300.0, 200.0),
+                        rec("ref-zenflow", 100.0, 10.0)])
+    by = {r["engine"]: r for r in rows}
+    assert by["ref-zenflow"]["speedup"] == pytest.approx(4.0)
+    assert by["ref-zenflow"]["stall_reduction"] == pytest.approx(0.95)
+    assert "4.00×" in table(rows) and "95.0%" in table(rows)
+
+
+@pytest.mark.deepspeed
+def test_reproduce_llama7b_smoke_runs_every_engine_and_writes_table_and_figure(tmp_path):
+    sys.path.insert(0, str(ROOT / "reproduce"))
+    import llama7b
+
+    code = llama7b.main(["--smoke", "--repeats", "1", "--out", str(tmp_path)])
+    assert code == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert {"table.md", "table.csv", "figure.png"} <= set(names)
+    assert len([n for n in names if n.endswith(".json")]) == 6  # five engines + the no-telemetry run
+    text = (tmp_path / "table.md").read_text()
+    for engine in ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload"):
+        assert f"| {engine}" in text
