@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install test lint bench clean
+.PHONY: install test lint bench reproduce-llama7b clean
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ lint: install
 
 bench: install
 	$(PY) -m pytest bench/ --benchmark-only
+
+# Llama-2-7B scenario on a GPU host (MODEL=hub id or path); the cpu-scale scenario here. ARGS for more flags.
+reproduce-llama7b: install
+	$(PY) reproduce/llama7b.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 clean:
 	rm -rf $(VENV)
