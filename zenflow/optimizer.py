@@ -131,13 +131,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         """Clip the whole gradient (before the device/host split); False if it is not finite."""
         if not self.skip_nonfinite:
             return True
-        grads = [p.grad for p in self._params() if p.grad is not None]
-        if not grads:
+        params = [p for p in self._params() if p.grad is not None]
+        if not params:
             return True
         if self.gradient_clipping > 0:
-            total = torch.nn.utils.clip_grad_norm_(grads, self.gradient_clipping)  # grads are tensors here
+            total = torch.nn.utils.clip_grad_norm_(params, self.gradient_clipping)  # one global coefficient
         else:
-            total = torch.nn.utils.get_total_norm(grads)
+            total = torch.nn.utils.get_total_norm([p.grad for p in params])
         with self.observers.blocking("clip_sync"):
             return bool(torch.isfinite(total).item())  # device->host sync point
 
