@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 test: install
 	$(PY) -m ruff check zenflow tests bench reproduce
 	$(PY) -m pytest tests -q
+	ZENFLOW_BENCH_SMALL=1 $(PY) -m pytest bench/ -q --benchmark-disable  # smoke: the benchmarks cannot rot
 
 lint: install
 	$(PY) -m ruff check zenflow tests bench reproduce
