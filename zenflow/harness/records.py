@@ -123,6 +123,7 @@ def summarize_steps(steps: list[dict[str, Any]], cycle: int, model_bytes: int | 
         "stall_ms": mean_of("stall_ms", whole),
         "forward_backward_ms": mean_of("forward_backward_ms", whole),
         "optimizer_ms": mean_of("optimizer_ms", whole),
+        "telemetry_ms": mean_of("telemetry_ms", whole),
         "bytes_per_step": per_step,
         "grad_param_bytes_per_step_over_model_bytes": (moved / model_bytes) if moved is not None and model_bytes
         else None,

@@ -35,6 +35,7 @@ class RunSpec:
     threads: int | None = None  # torch intra-op threads; None = every core this process may use
     telemetry: bool = True
     progress: bool = True
+    num_gpus: int = 1  # > 1: DeepSpeed engines run under the DeepSpeed launcher, one process per GPU
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -52,8 +53,8 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
         json.dump(asdict(spec), f)
     stderr_tail, code = "", None
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "zenflow.harness.runner", f.name, str(out)],
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen([*_launcher(spec), f.name, str(out)], stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
         tail: collections.deque[str] = collections.deque(maxlen=40)
         relay = threading.Thread(target=_relay_stderr, args=(proc, tail), daemon=True)
         relay.start()
@@ -76,6 +77,15 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
     if not out.exists():
         _failed(spec, f"child exited ({code}) without a record", stderr_tail).write(out)
     return RunRecord.read(out)
+
+
+def _launcher(spec: RunSpec) -> list[str]:
+    """One plain child process; the DeepSpeed launcher for multi-GPU DeepSpeed runs (rank 0 writes the record).
+    Our reference engines are single-device: they always run as one process."""
+    if spec.num_gpus > 1 and spec.engine.startswith("ds-"):
+        launcher = Path(sys.executable).with_name("deepspeed")
+        return [str(launcher), "--num_gpus", str(spec.num_gpus), "--module", "zenflow.harness.runner"]
+    return [sys.executable, "-m", "zenflow.harness.runner"]
 
 
 def _relay_stderr(proc: subprocess.Popen, tail: collections.deque) -> None:
@@ -148,7 +158,8 @@ def execute(spec: RunSpec) -> RunRecord:
 def _step_row(t: Any) -> dict[str, Any]:
     return {"step": t.step, "kind": t.kind, "period_ms": t.period_ms, "compute_ms": t.compute_ms,
             "io_ms": t.io_ms, "stall_ms": t.stall_ms, "forward_backward_ms": t.forward_backward_ms,
-            "optimizer_ms": t.optimizer_ms, "bytes": dict(t.bytes) or None, "loss": t.loss}
+            "optimizer_ms": t.optimizer_ms, "telemetry_ms": t.telemetry_ms, "bytes": dict(t.bytes) or None,
+            "loss": t.loss}
 
 
 def _model_facts(model: Any) -> dict[str, Any]:
@@ -171,14 +182,18 @@ def _environment() -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    spec_path, out = argv
+    args = [a for a in argv if not a.startswith("--local_rank")]  # the DeepSpeed launcher may add it
+    spec_path, out = args
     spec = RunSpec(**json.loads(Path(spec_path).read_text()))
+    writer = int(os.environ.get("RANK", "0")) == 0  # under the DeepSpeed launcher only rank 0 writes
     try:
         record = execute(spec)
     except BaseException:  # record the failure completely, then exit non-zero
-        _failed(spec, traceback.format_exc()).write(out)
+        if writer:
+            _failed(spec, traceback.format_exc()).write(out)
         return 1
-    record.write(out)
+    if writer:
+        record.write(out)
     return 0
 
 

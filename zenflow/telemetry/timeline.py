@@ -29,6 +29,7 @@ class StepTiming:
     kind: str = "accumulate"  # "warmup" | "accumulate" | "update"
     bytes: dict[str, int] = field(default_factory=dict)
     loss: float | None = None
+    telemetry_ms: float = 0.0  # time spent inside this timeline's own callbacks (its overhead on the step)
 
     @property
     def compute_ms(self) -> float | None:
@@ -67,22 +68,32 @@ class StepTimeline(Observer):
 
     # -- optimizer observer ------------------------------------------------------------------------------------
     def on_transfer(self, direction: str, kind: str, nbytes: int) -> None:
+        entered = time.perf_counter()
         key = f"{direction}_{kind}"
         self._bytes[key] = self._bytes.get(key, 0) + nbytes
+        self._charge(entered)
 
     def on_block_start(self, what: str) -> None:
+        entered = time.perf_counter()
         self._depth += 1
         if self._depth == 1:  # copies inside a reselection count once, as part of it
-            self._outer = (what, time.perf_counter())
+            self._outer = (what, entered)
+        self._charge(entered)
 
     def on_block_end(self, what: str) -> None:
+        entered = time.perf_counter()
         self._depth -= 1
         if self._depth or self._outer is None or not self.steps or self._finished:
             return
         what, started = self._outer
         self._outer = None
-        elapsed = (time.perf_counter() - started) * 1e3
+        elapsed = (entered - started) * 1e3
         if what in IO_BLOCKS:
             self.steps[-1].io_ms += elapsed
         elif what in STALL_BLOCKS:
             self.steps[-1].stall_ms += elapsed
+        self._charge(entered)
+
+    def _charge(self, entered: float) -> None:
+        if self.steps and not self._finished:  # the worker thread may call in too; a float add is enough here
+            self.steps[-1].telemetry_ms += (time.perf_counter() - entered) * 1e3
