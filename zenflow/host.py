@@ -67,15 +67,21 @@ class HostColumns:
                           torch.arange(master.shape[1]), weight.dtype, n_accumulators, host_empty)
 
 
-def accumulate_(link: Link, items: list[tuple[HostColumns, torch.Tensor, torch.Tensor]], slot: int) -> None:
+def accumulate_(link: Link, items: list[tuple[HostColumns, torch.Tensor, torch.Tensor]], slot: int,
+                clip_coef: torch.Tensor | None = None) -> None:
     """Add the unselected columns of this step's gradients into the fp32 accumulators of `slot`.
 
-    `items` holds (host part, gradient viewed as [out, in], host-owned columns). Runs inline or on the worker;
-    the caller has counted the bytes.
+    `items` holds (host part, gradient viewed as [out, in], host-owned columns); `clip_coef` is the step's global
+    clipping coefficient. Runs inline or on the worker; the caller has counted the bytes.
     """
     for part, grad, columns in items:
         link.gather_to_host(grad, columns, part.grad_staging, "grads", count=False)
-        part.accumulators[slot].add_(part.grad_staging)
+        if clip_coef is not None:
+            part.grad_staging.mul_(clip_coef)  # as clip_grad_norm_ would, in the gradient's dtype
+        if part.counts[slot] == 0:
+            part.accumulators[slot].copy_(part.grad_staging)  # first of the interval: no zero-fill, no add
+        else:
+            part.accumulators[slot].add_(part.grad_staging)
         part.counts[slot] += 1
 
 
@@ -87,15 +93,15 @@ def host_adamw_(groups: list[tuple[list[HostColumns], AdamWHyper]], slot: int) -
     """
     for parts, hp in groups:
         parts = [p for p in parts if p.n_host > 0 and p.counts[slot] > 0]
-        grads = [p.accumulators[slot].div_(p.counts[slot]) for p in parts]
+        grads = [p.accumulators[slot] if p.counts[slot] == 1 else p.accumulators[slot].div_(p.counts[slot])
+                 for p in parts]
         for p in parts:
             p.step += 1
         adamw_([p.master for p in parts], grads, [p.exp_avg for p in parts], [p.exp_avg_sq for p in parts],
                [p.step for p in parts], hp)
-        for p, grad in zip(parts, grads):
+        for p in parts:
             p.param_staging.copy_(p.master)  # fp32 -> model dtype, ready to upload
-            grad.zero_()
-            p.counts[slot] = 0
+            p.counts[slot] = 0  # the next accumulation overwrites the buffer
             p.staged = True
 
 
@@ -164,10 +170,10 @@ def reserved_cores(compute_fraction: float) -> tuple[list[int], list[int]] | Non
     """Split this process's cores into (worker cores, compute cores); None if there is only one core.
 
     DeepSpeed's meaning of `pt_reserved_cores_perc`: the fraction kept for PyTorch compute; the rest run the
-    host worker. Each side gets at least one core.
+    host worker. Each side gets at least one core; 1.0 means no split at all.
     """
-    if not hasattr(os, "sched_getaffinity"):
-        return None
+    if not hasattr(os, "sched_getaffinity") or compute_fraction >= 1.0:
+        return None  # 1.0: compute keeps every core and the worker is not pinned (it shares them)
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return None

@@ -54,6 +54,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._since_boundary = 0  # steps accumulated since the last boundary
         self._slot = 0  # accumulator being filled (two alternate when overlap_step)
         self._sel_mass: list[torch.Tensor] = []  # "auto" update_interval: selected RMS per step
+        self._clip_coef: torch.Tensor | None = None  # this step's clipping coefficient (None: not clipped)
         self._pending: Future | None = None  # the host update of the last boundary (overlap_step)
         self._jobs: list[Future] = []  # every worker job not yet known to be finished, in submission order
         self._worker: HostWorker | None = None
@@ -128,18 +129,26 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return loss
 
     def _gradients_usable(self) -> bool:
-        """Clip the whole gradient (before the device/host split); False if it is not finite."""
+        """Global norm of the whole gradient (before the device/host split); False if it is not finite.
+
+        Clipping keeps one coefficient for both parts, exactly torch's clip_grad_norm_ rule, but instead of
+        rewriting every gradient on the training thread it is applied where each part reads its gradient:
+        the device to its selected columns, the host (worker) to the columns it accumulates. `p.grad` itself
+        is left as backward produced it.
+        """
+        self._clip_coef = None
         if not self.skip_nonfinite:
             return True
-        params = [p for p in self._params() if p.grad is not None]
-        if not params:
+        grads = [p.grad for p in self._params() if p.grad is not None]
+        if not grads:
             return True
-        if self.gradient_clipping > 0:
-            total = torch.nn.utils.clip_grad_norm_(params, self.gradient_clipping)  # one global coefficient
-        else:
-            total = torch.nn.utils.get_total_norm([p.grad for p in params])
+        total = torch.nn.utils.get_total_norm(grads)
         with self.observers.blocking("clip_sync"):
-            return bool(torch.isfinite(total).item())  # device->host sync point
+            finite = bool(torch.isfinite(total).item())  # device->host sync point
+        if finite and self.gradient_clipping > 0:
+            coef = torch.clamp(self.gradient_clipping / (total + 1e-6), max=1.0)  # torch's clip_grad_norm_ rule
+            self._clip_coef = coef.to(torch.float32)
+        return finite
 
     def _selection_due(self) -> bool:
         since = self.t - self.config.full_warm_up_rounds
@@ -178,6 +187,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     steps.append(st["step"])
                     if st["master"] is not None:
                         writebacks.append((p, st))
+            if self._clip_coef is not None and grads:
+                grads = torch._foreach_mul(grads, self._clip_coef)  # out of place: p.grad stays as it was
             adamw_(masters, grads, exp_avgs, exp_avg_sqs, steps, _hyper(group))
             for p, st in writebacks:
                 if "host" in st:
@@ -201,7 +212,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self.observers.transfer("d2h", "grads", part.grad_staging.numel() * p.grad.element_size())
             if self.config.auto_update and st["sel"].numel():
                 self._sel_mass.append(_rms(_as_columns(p.grad).index_select(1, st["sel"])))
-        job = functools.partial(accumulate_, self.link, items, self._slot)
+        coef = None if self._clip_coef is None else self._clip_coef.cpu()  # already synced by the finiteness check
+        job = functools.partial(accumulate_, self.link, items, self._slot, coef)
         if in_background:
             self._submit(job)
         else:
@@ -262,7 +274,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if self._since_boundary >= self.config.max_update_interval:
             return True
         parts = [self.state[p] for p in self._params() if "host" in self.state[p]]
-        mixed = [st for st in parts if st["sel"].numel() and st["host"].n_host]
+        mixed = [st for st in parts if st["sel"].numel() and st["host"].n_host and st["host"].counts[self._slot]]
         if not mixed:
             return True  # nothing is selected (pure offload) or nothing is left to the host
         self._quiesce()  # the accumulators must hold this step's gradient (overlap: a sync point)
@@ -290,6 +302,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         width = _as_columns(p).shape[1]
         old_sel, new_sel = st["sel"].cpu(), new_sel.cpu()  # device->host sync point (indices)
         self.observers.transfer("d2h", "indices", new_sel.numel() * 8)
+        if torch.equal(old_sel, new_sel):
+            return  # nobody changes owner (always so with topk_ratio 0): nothing moves
         if old_sel.numel() == 0:
             st["d_step"] = part.step  # first selection: the device continues the host's count
         new_unsel = complement(new_sel, width)
