@@ -107,8 +107,8 @@ def regime_notes(rows: list[dict], records: list[RunRecord]) -> list[str]:
     offload = index.get("ref-offload")
     if offload and offload["compute_ms"]:
         ratio = offload["stall_ms"] / offload["compute_ms"]
-        notes.append(f"- Regime: host optimizer (ref-offload stall, CPU AdamW on every column) / compute = "
-                     f"{ratio:.2f}" + (" — the host optimizer costs as much as compute or more." if ratio >= 1
+        notes.append("- Regime: host optimizer (ref-offload stall: host accumulation + CPU AdamW of every column) / "
+                     f"compute = {ratio:.2f}" + (" — the host optimizer costs as much as compute or more." if ratio >= 1
                                        else " — compute dominates."))
     zen, bound, ds = index.get("ref-zenflow"), index.get("no-offload"), index.get("ds-zenflow")
     if zen and bound and zen["cycle_mean_ms"] and bound["cycle_mean_ms"]:

@@ -55,3 +55,14 @@ def test_warm_up_steps_move_everything_and_selection_moves_state_not_gradients()
     select = per_step(opt, model, 1)
     k_cols = sum(num_selected(p.shape[1], 0.1) * p.shape[0] for p in column_params(model))
     assert select[("h2d", "master")] == k_cols * 4 and select[("h2d", "moments")] == 2 * k_cols * 4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_upcasting_accumulation_equals_a_plain_fp32_add(dtype):
+    from zenflow.host import add_upcast_
+
+    src = torch.randn(1000, 37).to(dtype)
+    acc = torch.randn(1000, 37)
+    expected = acc + src.float()
+    add_upcast_(acc, src, chunk_elements=100)  # many chunks, a ragged last one
+    assert torch.equal(acc, expected)

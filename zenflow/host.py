@@ -76,13 +76,29 @@ def accumulate_(link: Link, items: list[tuple[HostColumns, torch.Tensor, torch.T
     """
     for part, grad, columns in items:
         link.gather_to_host(grad, columns, part.grad_staging, "grads", count=False)
-        if clip_coef is not None:
-            part.grad_staging.mul_(clip_coef)  # as clip_grad_norm_ would, in the gradient's dtype
-        if part.counts[slot] == 0:
-            part.accumulators[slot].copy_(part.grad_staging)  # first of the interval: no zero-fill, no add
-        else:
-            part.accumulators[slot].add_(part.grad_staging)
+        with link.observers.blocking("host_accumulate"):  # host work the step waits for (inline only)
+            if clip_coef is not None:
+                part.grad_staging.mul_(clip_coef)  # as clip_grad_norm_ would, in the gradient's dtype
+            if part.counts[slot] == 0:
+                part.accumulators[slot].copy_(part.grad_staging)  # first of the interval: no zero-fill, no add
+            else:
+                add_upcast_(part.accumulators[slot], part.grad_staging)
         part.counts[slot] += 1
+
+
+def add_upcast_(acc: torch.Tensor, src: torch.Tensor, chunk_elements: int = 1 << 18) -> None:
+    """acc (fp32) += src (any float dtype). torch's mixed-dtype add is ~3x slower than an upcast into a
+    cache-sized fp32 scratch followed by a same-dtype add (measured 27.6 ms vs 10.7 ms for 14.7M bf16 elements),
+    so a low-precision src goes through the scratch, a block of rows at a time."""
+    if src.dtype == acc.dtype:
+        acc.add_(src)
+        return
+    rows = max(1, chunk_elements // max(1, acc.shape[1]))
+    scratch = torch.empty((rows, acc.shape[1]), dtype=acc.dtype)
+    for start in range(0, acc.shape[0], rows):
+        n = min(rows, acc.shape[0] - start)
+        scratch[:n].copy_(src[start:start + n])
+        acc[start:start + n].add_(scratch[:n])
 
 
 def host_adamw_(groups: list[tuple[list[HostColumns], AdamWHyper]], slot: int) -> None:

@@ -14,7 +14,7 @@ from zenflow.hooks import Observer
 
 # Blocking sections of the optimizer, by category: copies the step waits for, and waits for the host optimizer.
 IO_BLOCKS = {"copy_d2h", "copy_h2d"}
-STALL_BLOCKS = {"host_wait", "host_update", "reselect", "clip_sync"}
+STALL_BLOCKS = {"host_wait", "host_update", "host_accumulate", "reselect", "clip_sync"}
 
 
 @dataclass
