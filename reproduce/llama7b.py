@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", default=os.environ.get("MODEL") or ("meta-llama/Llama-2-7b-hf" if gpu else "cpu-scale"))
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
-    ap.add_argument("--seq-len", type=int, default=512 if gpu else 32)
+    ap.add_argument("--seq-len", type=int, default=512 if gpu else 16)
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--num-gpus", type=int, default=max(1, torch.cuda.device_count()),
                     help="GPUs for the DeepSpeed engines (DeepSpeed launcher); ours run on one")
