@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from zenflow.harness.engines import ENGINES, deepspeed_config
-from zenflow.harness.records import RunRecord
+from zenflow.harness.records import RunRecord, read_records
 from zenflow.harness.report import engine_rows, figure, table, write_csv
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 from zenflow.telemetry.environment import capture_environment, hardware_label
@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="default: results/llama7b/<hardware-id>")
     ap.add_argument("--no-overhead-check", action="store_true", help="skip the run without telemetry")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 4+4 steps (for the test suite)")
+    ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     return ap.parse_args(argv)
 
 
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     env = capture_environment()
     out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"]
     out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        report(read_records(out), out, env)
+        return 0
     workload = {"model": args.model, "dtype": args.dtype, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
                 "data": args.data, **(SMOKE_SHAPE if args.smoke else {})}
     steps = dict(warmup_steps=4, timed_steps=4) if args.smoke else dict(warmup_steps=args.warmup_steps,
@@ -109,6 +113,7 @@ def regime_notes(rows: list[dict], records: list[RunRecord]) -> list[str]:
         ratio = offload["stall_ms"] / offload["compute_ms"]
         notes.append("- Regime: host optimizer (ref-offload stall: host accumulation + CPU AdamW of every column) / "
                      f"compute = {ratio:.2f}" + (" — the host optimizer costs as much as compute or more." if ratio >= 1
+                                       else " — the host optimizer costs about as much as compute." if ratio >= 0.9
                                        else " — compute dominates."))
     zen, bound, ds = index.get("ref-zenflow"), index.get("no-offload"), index.get("ds-zenflow")
     if zen and bound and zen["cycle_mean_ms"] and bound["cycle_mean_ms"]:
