@@ -93,10 +93,9 @@ class TorchEngine(Engine):
             if self.telemetry:
                 self.optimizer.add_observer(self.timeline)
 
-    def train_step(self, batch: torch.Tensor, timing: StepTiming) -> float:
-        batch = batch.to(self.device)
+    def train_step(self, batch: torch.Tensor | dict[str, torch.Tensor], timing: StepTiming) -> float:
         start = time.perf_counter()
-        loss = self.model(input_ids=batch, labels=batch).loss
+        loss = self.model(**_model_inputs(batch, self.device)).loss
         loss.backward()
         after_backward = time.perf_counter()
         updates = getattr(self.optimizer, "host_updates", None)
@@ -144,10 +143,9 @@ class DeepSpeedEngine(Engine):
         self.warm_up = block.get("full_warm_up_rounds", 0)
         self.steps = 0
 
-    def train_step(self, batch: torch.Tensor, timing: StepTiming) -> float:
-        batch = batch.to(self.engine.device)
+    def train_step(self, batch: torch.Tensor | dict[str, torch.Tensor], timing: StepTiming) -> float:
         start = time.perf_counter()
-        loss = self.engine(input_ids=batch, labels=batch).loss
+        loss = self.engine(**_model_inputs(batch, self.engine.device)).loss
         self.engine.backward(loss)
         after_backward = time.perf_counter()
         self.engine.step()
@@ -170,6 +168,15 @@ def make_engine(name: str, model: torch.nn.Module, ds_config: dict[str, Any], ti
                 telemetry: bool = True) -> Engine:
     kind = DeepSpeedEngine if name.startswith("ds-") else TorchEngine
     return kind(name, model, ds_config, timeline, telemetry)
+
+
+def _model_inputs(batch: torch.Tensor | dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A tensor of token ids is a causal-LM batch (labels = inputs); a dict (input_ids, attention_mask, labels,
+    ...) goes to the model as it is (sequence classification)."""
+    if isinstance(batch, dict):
+        return {k: v.to(device) for k, v in batch.items()}
+    batch = batch.to(device)
+    return {"input_ids": batch, "labels": batch}
 
 
 def _single_process_env() -> None:
