@@ -1,0 +1,41 @@
+"""Golden loss curve of a small cpu-scale run: catches silent numerical changes in the optimizer or harness.
+
+Regenerate (only after an intended numerical change, and say why in the commit):
+    ZENFLOW_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden_loss.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from zenflow.harness.engines import deepspeed_config, make_engine
+from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
+from zenflow.telemetry.timeline import StepTimeline
+
+GOLDEN = Path(__file__).parent / "golden" / "cpu_scale_losses.json"
+WORKLOAD = Workload(dtype="fp32", seq_len=16, hidden=64, layers=2, intermediate=128, heads=4, seed=7)
+BLOCK = {"topk_ratio": 0.1, "update_interval": 4, "full_warm_up_rounds": 2, "select_interval": 8}
+STEPS = 24
+
+
+@pytest.mark.parametrize("engine", ["ref-zenflow", "ref-offload"])
+def test_cpu_scale_loss_curve_matches_the_golden_file(engine):
+    torch.manual_seed(0)
+    data = batches(WORKLOAD, Tokenizer(WORKLOAD), load_texts(WORKLOAD)[0])
+    cfg = deepspeed_config(engine, BLOCK, "fp32", 1, lr=1e-3, weight_decay=0.01, clipping=1.0, cuda=False)
+    timeline = StepTimeline()
+    runner = make_engine(engine, build_model(WORKLOAD), cfg, timeline)
+    losses = [runner.train_step(next(data), timeline.start_step(i)) for i in range(STEPS)]
+    runner.close()
+    golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    if os.environ.get("ZENFLOW_UPDATE_GOLDEN"):
+        GOLDEN.write_text(json.dumps({**golden, engine: losses}, indent=1) + "\n")
+        pytest.skip("golden file updated")
+    assert engine in golden, f"no golden curve for {engine}: run with ZENFLOW_UPDATE_GOLDEN=1"
+    assert losses[-1] < losses[0]  # it trains
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(golden[engine]), rtol=1e-5, atol=1e-5)
