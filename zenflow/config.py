@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 AUTO = "auto"
 SELECT_STRATEGIES = ("auto", "step", "epoch")
 COLUMN_NORMS = ("l2", "l1")
@@ -225,3 +227,44 @@ def _read_json(path: str | Path) -> dict[str, Any]:
     except OSError as exc:  # a directory, no permission, ...
         raise ConfigError(f"DeepSpeed config {str(path)!r}: cannot be read ({exc.strerror})") from None
     return _section(ds, f"DeepSpeed config {str(path)!r}")
+
+
+# ---- optimizer arguments and parameters (checked before any state exists) ------------------------------------
+def check_hyperparameters(lr: float, betas: tuple[float, float], eps: float, weight_decay: float, clip: float) -> None:
+    def bad(field: str, value: Any, allowed: str) -> None:
+        raise ConfigError(f"{field} = {value!r} is not allowed: expected {allowed}")
+
+    def number(x: Any) -> bool:  # NaN fails every comparison below, so it is refused too
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if not number(lr) or not 0 <= lr < math.inf:
+        bad("lr", lr, "a number >= 0 (finite)")
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(number(b) and 0 <= b < 1 for b in betas):
+        bad("betas", betas, "two numbers in [0, 1)")
+    if not number(eps) or not 0 < eps < math.inf:
+        bad("eps", eps, "a number > 0 (finite)")
+    if not number(weight_decay) or not 0 <= weight_decay < math.inf:
+        bad("weight_decay", weight_decay, "a number >= 0 (finite)")
+    if not number(clip) or not 0 <= clip < math.inf:
+        bad("gradient_clipping", clip, "a number >= 0 (finite; 0 disables clipping)")
+
+
+def check_params(groups: list[dict]) -> torch.device:
+    """One device, real floating dtypes, contiguous weights: checked before any state exists."""
+    devices = set()
+    for gi, group in enumerate(groups):
+        for pi, p in enumerate(group["params"]):
+            where = f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)}, {p.dtype})"
+            if not p.is_floating_point():
+                raise ConfigError(f"{where}: dtype {p.dtype} is not allowed: expected a floating dtype")
+            if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise ConfigError(f"{where}: dtype {p.dtype} is not allowed: expected float32, bfloat16 or float16")
+            if p.is_sparse:
+                raise ConfigError(f"{where}: sparse parameters are not allowed: expected a dense tensor")
+            if p.dim() >= 2 and not p.is_contiguous():
+                raise ConfigError(f"{where}: a non-contiguous weight is not allowed: expected a contiguous tensor "
+                                  "(its columns are viewed as [out, prod(rest)])")
+            devices.add(p.device)
+    if len(devices) != 1:
+        raise ConfigError(f"parameters on {sorted(map(str, devices))}: expected all on one device")
+    return devices.pop()

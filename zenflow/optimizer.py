@@ -15,7 +15,6 @@ Every trainable parameter with two or more dimensions is a *column param* `W[out
 from __future__ import annotations
 
 import functools
-import math
 import os
 import weakref
 from collections.abc import Iterable
@@ -26,12 +25,13 @@ from typing import Any
 import torch
 
 from zenflow import checkpoint
-from zenflow.adam import AdamWHyper, adamw_, rebase_moment_
-from zenflow.config import ConfigError, ZenFlowConfig, load_deepspeed_config
+from zenflow.adam import AdamWHyper, adamw_
+from zenflow.config import ZenFlowConfig, check_hyperparameters, check_params, load_deepspeed_config
 from zenflow.hooks import Observer, Observers, RemovableHandle
 from zenflow.host import HostColumns, HostWorker, HostWorkerError, accumulate_, host_adamw_, reserved_cores
 from zenflow.link import Link
-from zenflow.selection import complement, num_selected, select_columns
+from zenflow.ownership import move_columns
+from zenflow.selection import num_selected, select_columns
 
 
 class ZenFlowAdamW(torch.optim.Optimizer):
@@ -40,9 +40,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                  zenflow: ZenFlowConfig | dict[str, Any] | None = None, *, gradient_clipping: float = 0.0,
                  skip_nonfinite: bool = False) -> None:
         self.config = ZenFlowConfig.coerce(zenflow)
-        _check_hyper(lr, betas, eps, weight_decay, gradient_clipping)
+        check_hyperparameters(lr, betas, eps, weight_decay, gradient_clipping)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
-        self.device = _check_params(self.param_groups)
+        self.device = check_params(self.param_groups)
         self.gradient_clipping = float(gradient_clipping)
         self.skip_nonfinite = skip_nonfinite or self.gradient_clipping > 0
         self.select_interval = self.config.resolved_select_interval()
@@ -293,54 +293,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if "host" in st and p.grad is not None:
                 grad = _as_columns(p.grad)
                 k = num_selected(grad.shape[1], self.config.topk_ratio)
-                self._move_columns(p, st, select_columns(grad, k, self.config.column_norm))
-
-    def _move_columns(self, p: torch.Tensor, st: dict, new_sel: torch.Tensor) -> None:
-        """Hand the columns that change owner (fp32 values and moments) to their new side; keep the rest."""
-        part: HostColumns = st["host"]
-        hp = _hyper(self._group_of(p))
-        width = _as_columns(p).shape[1]
-        old_sel, new_sel = st["sel"].cpu(), new_sel.cpu()  # device->host sync point (indices)
-        self.observers.transfer("d2h", "indices", new_sel.numel() * 8)
-        if torch.equal(old_sel, new_sel):
-            return  # nobody changes owner (always so with topk_ratio 0): nothing moves
-        if old_sel.numel() == 0:
-            st["d_step"] = part.step  # first selection: the device continues the host's count
-        new_unsel = complement(new_sel, width)
-        on_device = _positions(old_sel, width)  # column -> position in the device buffers, or -1
-        on_host = _positions(part.cols, width)  # column -> position in the host buffers, or -1
-        leaving = old_sel[~torch.isin(old_sel, new_sel)]  # device -> host
-        entering = new_sel[on_device[new_sel] < 0]  # host -> device
-        host_state = dict(master=part.master, exp_avg=part.exp_avg, exp_avg_sq=part.exp_avg_sq)
-        new_host, new_device = {}, {}
-        for name, host in host_state.items():
-            kind = "master" if name == "master" else "moments"
-            device = st[f"d_{name}"]
-            moved_down = self._fetch(device.index_select(1, on_device[leaving].to(p.device)), kind)
-            moved_up = host.index_select(1, on_host[entering])
-            if name != "master":  # keep bias-corrected moments exact across the move
-                beta = hp.beta1 if name == "exp_avg" else hp.beta2
-                rebase_moment_(moved_down, beta, st["d_step"], part.step)
-                rebase_moment_(moved_up, beta, part.step, st["d_step"])
-            new_host[name] = _merge(new_unsel, part.cols, host, leaving, moved_down, on_host)
-            new_device[name] = _merge(new_sel.to(p.device), old_sel.to(p.device), device, entering.to(p.device),
-                                      self._send(moved_up, p.device, kind), on_device.to(p.device))
-        st["host"] = HostColumns.create(**new_host, cols=new_unsel, model_dtype=p.dtype,
-                                        n_accumulators=self._n_accumulators, host_empty=self.link.host_empty,
-                                        step=part.step)
-        st.update({f"d_{name}": t for name, t in new_device.items()})
-        st["sel"], st["unsel"] = new_sel.to(p.device), new_unsel.to(p.device)
-        self.observers.transfer("h2d", "indices", new_unsel.numel() * 8)
-
-    def _fetch(self, src: torch.Tensor, kind: str) -> torch.Tensor:
-        dst = self.link.host_empty(tuple(src.shape), src.dtype)
-        self.link.wait(self.link.to_host(src, dst, kind))
-        return dst
-
-    def _send(self, src: torch.Tensor, device: torch.device, kind: str) -> torch.Tensor:
-        dst = torch.empty(src.shape, dtype=src.dtype, device=device)
-        self.link.to_device(src, dst, kind)
-        return dst
+                move_columns(st, select_columns(grad, k, self.config.column_norm), self.link,
+                             _hyper(self._group_of(p)), p.dtype, self._n_accumulators)
 
     def _group_of(self, p: torch.Tensor) -> dict:
         return next(g for g in self.param_groups if any(q is p for q in g["params"]))
@@ -420,24 +374,6 @@ def _as_columns(t: torch.Tensor) -> torch.Tensor:
     return t.view(t.shape[0], -1)
 
 
-def _positions(columns: torch.Tensor, width: int) -> torch.Tensor:
-    """Inverse index: `pos[columns[i]] = i`, and -1 for columns not listed."""
-    pos = torch.full((width,), -1, dtype=torch.long, device=columns.device)
-    pos[columns] = torch.arange(columns.numel(), device=columns.device)
-    return pos
-
-
-def _merge(wanted: torch.Tensor, kept_cols: torch.Tensor, kept: torch.Tensor, arriving_cols: torch.Tensor,
-           arriving: torch.Tensor, kept_pos: torch.Tensor) -> torch.Tensor:
-    """Columns `wanted` (ascending), taken from `kept` where listed in `kept_cols`, else from `arriving`
-    (whose columns `arriving_cols` are ascending too, so both keep their order)."""
-    out = torch.empty(kept.shape[0], wanted.numel(), dtype=kept.dtype, device=kept.device)
-    from_kept = kept_pos[wanted] >= 0
-    out[:, from_kept] = kept.index_select(1, kept_pos[wanted[from_kept]])
-    out[:, ~from_kept] = arriving
-    return out
-
-
 def _rms(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t.float()) / max(1, t.numel()) ** 0.5
 
@@ -446,43 +382,3 @@ def _hyper(group: dict) -> AdamWHyper:
     beta1, beta2 = group["betas"]
     return AdamWHyper(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                       weight_decay=group["weight_decay"])
-
-
-def _check_hyper(lr: float, betas: tuple[float, float], eps: float, weight_decay: float, clip: float) -> None:
-    def bad(field: str, value: Any, allowed: str) -> None:
-        raise ConfigError(f"{field} = {value!r} is not allowed: expected {allowed}")
-
-    def number(x: Any) -> bool:  # NaN fails every comparison below, so it is refused too
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-    if not number(lr) or not 0 <= lr < math.inf:
-        bad("lr", lr, "a number >= 0 (finite)")
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(number(b) and 0 <= b < 1 for b in betas):
-        bad("betas", betas, "two numbers in [0, 1)")
-    if not number(eps) or not 0 < eps < math.inf:
-        bad("eps", eps, "a number > 0 (finite)")
-    if not number(weight_decay) or not 0 <= weight_decay < math.inf:
-        bad("weight_decay", weight_decay, "a number >= 0 (finite)")
-    if not number(clip) or not 0 <= clip < math.inf:
-        bad("gradient_clipping", clip, "a number >= 0 (finite; 0 disables clipping)")
-
-
-def _check_params(groups: list[dict]) -> torch.device:
-    """One device, real floating dtypes, contiguous weights: checked before any state exists."""
-    devices = set()
-    for gi, group in enumerate(groups):
-        for pi, p in enumerate(group["params"]):
-            where = f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)}, {p.dtype})"
-            if not p.is_floating_point():
-                raise ConfigError(f"{where}: dtype {p.dtype} is not allowed: expected a floating dtype")
-            if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-                raise ConfigError(f"{where}: dtype {p.dtype} is not allowed: expected float32, bfloat16 or float16")
-            if p.is_sparse:
-                raise ConfigError(f"{where}: sparse parameters are not allowed: expected a dense tensor")
-            if p.dim() >= 2 and not p.is_contiguous():
-                raise ConfigError(f"{where}: a non-contiguous weight is not allowed: expected a contiguous tensor "
-                                  "(its columns are viewed as [out, prod(rest)])")
-            devices.add(p.device)
-    if len(devices) != 1:
-        raise ConfigError(f"parameters on {sorted(map(str, devices))}: expected all on one device")
-    return devices.pop()
