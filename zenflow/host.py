@@ -68,14 +68,15 @@ class HostColumns:
 
 
 def accumulate_(link: Link, items: list[tuple[HostColumns, torch.Tensor, torch.Tensor]], slot: int,
-                clip_coef: torch.Tensor | None = None) -> None:
+                clip_coef: torch.Tensor | None = None, ready: torch.cuda.Event | None = None) -> None:
     """Add the unselected columns of this step's gradients into the fp32 accumulators of `slot`.
 
     `items` holds (host part, gradient viewed as [out, in], host-owned columns); `clip_coef` is the step's global
-    clipping coefficient. Runs inline or on the worker; the caller has counted the bytes.
+    clipping coefficient; `ready` (CUDA) an event recorded after backward produced the gradients. Runs inline or
+    on the worker; the caller has counted the bytes.
     """
     for part, grad, columns in items:
-        link.gather_to_host(grad, columns, part.grad_staging, "grads", count=False)
+        link.gather_to_host(grad, columns, part.grad_staging, "grads", count=False, ready=ready)
         with link.observers.blocking("host_accumulate"):  # host work the step waits for (inline only)
             if clip_coef is not None:
                 part.grad_staging.mul_(clip_coef)  # as clip_grad_norm_ would, in the gradient's dtype

@@ -52,33 +52,38 @@ class Link:
         return done
 
     def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor, kind: str,
-                       count: bool = True) -> None:
+                       count: bool = True, ready: torch.cuda.Event | None = None) -> None:
         """`dst[:] = src[:, columns]` with `src` on the device and `dst` on the host; returns when `dst` is ready.
 
-        CUDA: gather on the device, then one contiguous copy (a host wait: sync point). CPU device: the gather
-        writes straight into the distinct host buffer, which is the copy. `count=False`: the caller counted the
-        bytes already (background jobs are counted when submitted, so each step's bytes are deterministic).
+        CUDA: gather and copy on the side stream, after `ready` (an event recorded where `src` was produced; the
+        caller's current stream if None), then a host wait (sync point). CPU device: the gather writes straight
+        into the distinct host buffer, which is the copy. `count=False`: the caller counted the bytes already
+        (background jobs are counted when submitted, so each step's bytes are deterministic).
         """
+        if count:
+            self.observers.transfer("d2h", kind, dst.numel() * src.element_size())
         if not self.cuda:
-            if count:
-                self.observers.transfer("d2h", kind, dst.numel() * src.element_size())
             with self.observers.blocking("copy_d2h"):
                 if columns.numel() == src.shape[1]:  # every column (warm-up, ZeRO-Offload): a plain copy
                     dst.copy_(src)
                 else:
                     torch.index_select(src, 1, columns, out=dst)
             return
-        gathered = src.index_select(1, columns)
-        if not count:
-            with torch.cuda.stream(self.stream):
-                self.stream.wait_stream(torch.cuda.current_stream(self.device))
-                dst.copy_(gathered, non_blocking=True)
-            self.stream.synchronize()
-            return
-        self.wait(self.to_host(gathered, dst, kind))
+        producer = torch.cuda.current_stream(self.device)  # read before switching streams
+        with torch.cuda.stream(self.stream):
+            if ready is not None:
+                self.stream.wait_event(ready)
+            else:
+                self.stream.wait_stream(producer)
+            dst.copy_(src.index_select(1, columns), non_blocking=True)
+            src.record_stream(self.stream)  # src may be freed by its owner while this stream still reads it
+        with self.observers.blocking("copy_d2h"):
+            self.stream.synchronize()  # the host reads dst next
 
-    def scatter_to_device(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor, kind: str) -> None:
-        """`dst[:, columns] = src` with `src` on the host; ordered before later work on the compute stream."""
+    def scatter_to_device(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor,
+                          kind: str) -> torch.cuda.Event | None:
+        """`dst[:, columns] = src` with `src` on the host; ordered before later work on the compute stream.
+        CUDA: returns the event after which `src` may be overwritten."""
         if not self.cuda:
             self.observers.transfer("h2d", kind, src.numel() * src.element_size())
             with self.observers.blocking("copy_h2d"):
@@ -86,10 +91,11 @@ class Link:
                     dst.copy_(src)
                 else:
                     dst.index_copy_(1, columns, src)
-            return
+            return None
         landing = torch.empty(src.shape, dtype=src.dtype, device=self.device)
-        self.to_device(src, landing, kind)
+        done = self.to_device(src, landing, kind)
         dst.index_copy_(1, columns, landing)
+        return done
 
     def wait(self, event: torch.cuda.Event | None) -> None:
         """Block the host until a copy finished (CUDA sync point; a no-op on the CPU device)."""

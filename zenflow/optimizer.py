@@ -54,6 +54,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self._since_boundary = 0  # steps accumulated since the last boundary
         self._slot = 0  # accumulator being filled (two alternate when overlap_step)
         self._sel_mass: list[torch.Tensor] = []  # "auto" update_interval: selected RMS per step
+        self._upload_events: list = []  # CUDA events of the last upload's copies
         self._clip_coef: torch.Tensor | None = None  # this step's clipping coefficient (None: not clipped)
         self._pending: Future | None = None  # the host update of the last boundary (overlap_step)
         self._jobs: list[Future] = []  # every worker job not yet known to be finished, in submission order
@@ -213,7 +214,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if self.config.auto_update and st["sel"].numel():
                 self._sel_mass.append(_rms(_as_columns(p.grad).index_select(1, st["sel"])))
         coef = None if self._clip_coef is None else self._clip_coef.cpu()  # already synced by the finiteness check
-        job = functools.partial(accumulate_, self.link, items, self._slot, coef)
+        ready = None
+        if self.link.cuda:  # the worker's copies must start after backward (and clipping) on the compute stream
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        job = functools.partial(accumulate_, self.link, items, self._slot, coef, ready)
         if in_background:
             self._submit(job)
         else:
@@ -224,7 +229,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self.host_updates += 1
         self._since_boundary = 0
         self._sel_mass.clear()
-        job = functools.partial(host_adamw_, self._host_groups(), self._slot)
+        job = functools.partial(_after_uploads, self._upload_events, self._host_groups(), self._slot)
         if not overlap:
             with self.observers.blocking("host_update"):
                 job()
@@ -243,13 +248,16 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def _upload(self) -> None:
         """Host-owned columns go back to the device in the model dtype."""
+        self._upload_events = []  # CUDA: the next host job must not overwrite a staging buffer still being read
         for p in self._params():
             st = self.state[p]
             part: HostColumns | None = st.get("host")
             if part is None or not part.staged:
                 continue
             part.staged = False
-            self.link.scatter_to_device(part.param_staging, st["unsel"], _as_columns(p), "params")
+            done = self.link.scatter_to_device(part.param_staging, st["unsel"], _as_columns(p), "params")
+            if done is not None:
+                self._upload_events.append(done)
 
     @torch.no_grad()
     def drain(self) -> None:
@@ -367,6 +375,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         checkpoint.unpack(self, state_dict)
+
+
+def _after_uploads(events: list, groups: list, slot: int) -> None:
+    """A host update job: first wait (CUDA) until the previous upload has read the staging buffers."""
+    for event in events:
+        event.synchronize()
+    host_adamw_(groups, slot)
 
 
 def _as_columns(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,200 @@
+"""A training engine in its own process, stepped from outside: what `bench/` times.
+
+The parent (one pytest-benchmark round) asks the child for `n` training steps and waits for the reply, so every
+timed round is real steps of a real engine built by the harness (the workload, engine adapters and StepTimeline of
+`runner.execute`), in a fresh process like every run: DeepSpeed initialises cleanly once per process, changes
+affinity and threads, and its overlap worker re-imports `__main__`. Model building and engine initialisation happen
+before the first request (untimed). At the end the child writes a complete run record of every step it ran.
+
+Protocol, one JSON line each way: parent -> {"steps": n} | {"finish": true}; child -> {"ok": true} or
+{"error": "<traceback>"}. The child's file descriptor 1 is moved to stderr before the engine is built (DeepSpeed
+logs to stdout), so library output cannot corrupt a reply.
+
+    python -m zenflow.harness.stepper SPEC.json RECORD.json     # the child side
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from zenflow.harness.records import RunRecord, summarize_steps
+from zenflow.harness.runner import RunSpec, _environment, _failed, _model_facts, _step_row
+
+
+class StepperError(RuntimeError):
+    """The child failed (its traceback is in the message) or stopped answering."""
+
+
+class SteppedEngine:
+    """Parent side: `with SteppedEngine(spec, out) as eng: eng.steps(4) ...; record = eng.finish()`."""
+
+    def __init__(self, spec: RunSpec, out: str | Path, timeout_s: float = 3600) -> None:
+        self.spec, self.out, self.timeout_s = spec, Path(out), timeout_s
+        self.out.unlink(missing_ok=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(asdict(spec), f)
+        self._spec_file = Path(f.name)
+        self._buffer = b""
+        self.proc = subprocess.Popen([sys.executable, "-m", "zenflow.harness.stepper", f.name, str(self.out)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._reply()  # the child is ready: model built, engine initialised
+
+    def steps(self, n: int) -> None:
+        """Run `n` training steps in the child; returns when the last one finished (its loss was read)."""
+        self._request({"steps": n})
+
+    def finish(self) -> RunRecord:
+        """Close the timeline, stop the engine, and return the record the child wrote."""
+        self._request({"finish": True})
+        self.proc.wait(timeout=60)
+        return RunRecord.read(self.out)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:  # never leave a child running (failed test, Ctrl-C)
+            self.proc.kill()
+            self.proc.wait()
+        self._spec_file.unlink(missing_ok=True)
+        if not self.out.exists():
+            _failed(self.spec, f"stepped child exited ({self.proc.returncode}) without a record").write(self.out)
+
+    def __enter__(self) -> SteppedEngine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+        except BrokenPipeError:
+            raise StepperError(f"{self.spec.engine}: the child exited ({self.proc.poll()})") from None
+        return self._reply()
+
+    def _reply(self) -> dict[str, Any]:
+        deadline = time.monotonic() + self.timeout_s
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:  # the wait is a blocking read: the parent is idle while the child steps
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise StepperError(f"{self.spec.engine}: no reply within {self.timeout_s:.0f} s")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise StepperError(f"{self.spec.engine}: the child exited ({self.proc.wait()}) without a reply")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        reply = json.loads(line)
+        if "error" in reply:
+            raise StepperError(f"{self.spec.engine} failed in the child:\n{reply['error']}")
+        return reply
+
+
+class _Session:
+    """Child side: the setup of `runner.execute`, then steps on request."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        import torch
+
+        from zenflow.harness.engines import make_engine
+        from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
+        from zenflow.telemetry.nvml import NvmlSampler
+        from zenflow.telemetry.timeline import StepTimeline
+
+        torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
+        self.spec = spec
+        workload = Workload(**spec.workload)
+        texts, source = load_texts(workload)
+        self.data = batches(workload, Tokenizer(workload), texts)
+        model = build_model(workload)
+        self.record = RunRecord(engine=spec.engine, label=spec.label, config=spec.ds_config,
+                                workload={**workload.to_dict(), "data_source": source},
+                                environment=_environment(), model=_model_facts(model))
+        self.timeline = StepTimeline()
+        self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry)
+        self.sampler, self.sampling, self.i = NvmlSampler(), False, 0
+
+    def steps(self, n: int) -> None:
+        for _ in range(n):
+            if self.i == self.spec.warmup_steps:
+                self.sampling = bool(self.sampler.__enter__())  # NVML counters cover the timed steps only
+            timing = self.timeline.start_step(self.i)
+            timing.loss = self.engine.train_step(next(self.data), timing)
+            if self.i < self.spec.warmup_steps:
+                timing.kind = "warmup"
+            self.i += 1
+        # End the round's last period here, so the time between rounds (the parent's bookkeeping) is not in it.
+        last = self.timeline.steps[-1]
+        last.period_ms = (time.perf_counter() - last.start) * 1e3
+
+    def finish(self) -> RunRecord:
+        self.timeline.finish()
+        self.close()
+        record, spec = self.record, self.spec
+        record.nvml = self.sampler.result() if self.sampling else {"available": False, "reason": "no timed steps"}
+        record.protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": max(0, self.i - spec.warmup_steps),
+                           "cycle": spec.cycle, "stall_includes_io": self.engine.stall_includes_io,
+                           "telemetry": spec.telemetry, "stepped": True, **spec.extra}
+        record.steps = [_step_row(t) for t in self.timeline.steps]
+        if self.engine.transfer_bytes() is None:
+            record.warnings.append(f"{spec.engine}: bytes not measured (no counters inside the engine; NVML needs "
+                                   "a GPU)")
+        record.summary = summarize_steps(record.steps, spec.cycle, record.model["model_bytes"])
+        record.metrics["final_loss"] = record.summary["final_loss"]
+        return record
+
+    def close(self) -> None:
+        if self.sampling:
+            self.sampler.__exit__(None, None, None)
+        self.engine.close()
+
+
+def main(argv: list[str]) -> int:
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything printed from here on (DeepSpeed's logs included) goes to stderr
+    sys.stdout = sys.stderr
+    spec_path, out = argv
+
+    def reply(**message: Any) -> None:
+        replies.write(json.dumps(message) + "\n")
+
+    spec = RunSpec(**json.loads(Path(spec_path).read_text()))
+    session = None
+    try:
+        session = _Session(spec)
+        reply(ok=True)
+        for line in sys.stdin:  # ends when the parent closes the pipe (or dies)
+            request = json.loads(line)
+            if "steps" in request:
+                session.steps(int(request["steps"]))
+                reply(ok=True)
+            elif request.get("finish"):
+                session.finish().write(out)
+                reply(ok=True)
+                return 0
+    except BaseException:
+        error = traceback.format_exc()
+        _failed(spec, error).write(out)
+        reply(error=error)
+        if session is not None:
+            try:
+                session.close()  # stop a ZenFlow worker / DeepSpeed engine so the process can exit
+            except Exception:
+                pass
+        return 1
+    if session is not None:
+        session.close()
+    return 1  # the parent went away without asking to finish
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
