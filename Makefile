@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install test lint bench reproduce-llama7b clean
+.PHONY: install test lint bench reproduce-llama7b project clean
 
 install: $(STAMP)
 
@@ -32,6 +32,12 @@ bench: install
 # Llama-2-7B scenario on a GPU host (MODEL=hub id or path); the cpu-scale scenario here. ARGS for more flags.
 reproduce-llama7b: install
 	$(PY) reproduce/llama7b.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
+
+# Cost model: calibrate on this machine (≈1 min), validate against the committed cpu-scale records, project to
+# A100 / H100 (results/costmodel/<hardware-id>/). ARGS=--no-calibrate reuses the calibration record;
+# ARGS=--run-validation reruns the cpu-scale validation runs first (≈30 min).
+project: install
+	$(PY) reproduce/project.py $(ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -1,0 +1,174 @@
+"""Cost model (zenflow/harness/costmodel.py): limiting cases with known answers, monotonicity, bytes, bad input,
+and the committed validation table regenerated from the committed records."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from zenflow.harness import presets
+from zenflow.harness.costmodel import ENGINES, Block, CostModelError, Inputs, best_block, main, predict, transfer_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+COSTMODEL = ROOT / "results" / "costmodel"
+INF = 1e15
+
+
+def inputs(**kw: float) -> Inputs:
+    base = dict(column_params=50e6, dense_params=1e4, tokens=16, dtype_bytes=2, fb_ms=80, fb_ms_overlap=120,
+                device_opt_ms=80, device_base_ms=10, device_base_ms_overlap=15, device_col_ns=5, d2h_gbps=6,
+                h2d_gbps=6, gather_gbps=2, scatter_gbps=2, accum_gelem_s=1.5, adamw_gelem_s=1.0,
+                accum_gelem_s_worker=0.8, adamw_gelem_s_worker=0.5, compute_slowdown=1.1, host_slowdown=1.05)
+    return Inputs(**{**base, **kw})
+
+
+def free_host(x: Inputs) -> Inputs:
+    return replace(x, d2h_gbps=INF, h2d_gbps=INF, gather_gbps=INF, scatter_gbps=INF, accum_gelem_s=INF,
+                   adamw_gelem_s=INF, accum_gelem_s_worker=INF, adamw_gelem_s_worker=INF)
+
+
+def test_zero_host_cost_zenflow_equals_no_offload() -> None:
+    x = free_host(inputs(fb_ms_overlap=80, device_base_ms_overlap=10, compute_slowdown=1.0))
+    x = replace(x, device_opt_ms=10 + x.column_params * x.device_col_ns / 1e6)  # same device work as topk 1
+    zen = predict(x, "zenflow-overlap", Block(1.0, 4))
+    assert zen.cycle_ms == pytest.approx(predict(x, "no-offload").cycle_ms)
+    for r in (0.1, 0.5):
+        p = predict(x, "zenflow-overlap", Block(r, 4))
+        assert p.stall_ms == pytest.approx(0, abs=1e-6) and p.io_ms == pytest.approx(0, abs=1e-6)
+
+
+def test_topk0_u1_sync_is_zero_offload() -> None:
+    x = inputs()
+    a, b = predict(x, "zenflow-sync", Block(0.0, 1, False)), predict(x, "zero-offload")
+    for f in ("update_ms", "cycle_ms", "compute_ms", "io_ms", "stall_ms", "bytes_per_step"):
+        assert getattr(a, f) == pytest.approx(getattr(b, f))
+    assert b.cycle_ms == pytest.approx(b.compute_ms + b.io_ms + b.stall_ms)
+
+
+def test_topk0_u1_overlap_is_delayed_parameter_update() -> None:
+    x = inputs()
+    assert predict(x, "zenflow-overlap", Block(0.0, 1)).cycle_ms == pytest.approx(
+        predict(x, "zero-offload-dpu").cycle_ms)
+
+
+def test_infinite_bandwidth_removes_io() -> None:
+    x = replace(inputs(), d2h_gbps=INF, h2d_gbps=INF, gather_gbps=INF, scatter_gbps=INF)
+    for engine in ENGINES:
+        assert predict(x, engine, Block(0.1, 4)).io_ms == pytest.approx(0, abs=1e-6)
+
+
+@pytest.mark.parametrize("field", ["d2h_gbps", "h2d_gbps", "gather_gbps", "scatter_gbps", "accum_gelem_s",
+                                   "adamw_gelem_s", "accum_gelem_s_worker", "adamw_gelem_s_worker"])
+def test_more_bandwidth_or_host_speed_never_slower(field: str) -> None:
+    for engine in ENGINES:
+        for block in (Block(0.1, 4), Block(0.05, 1), Block(0.3, 8)):
+            times = [predict(replace(inputs(), **{field: v}), engine, block).cycle_ms
+                     for v in (0.1, 0.5, 1, 2, 8, 64)]
+            assert all(b <= a + 1e-9 for a, b in zip(times, times[1:])), (engine, block, times)
+
+
+def test_zenflow_beats_offload_when_host_is_slow() -> None:
+    x = inputs(adamw_gelem_s=0.05, adamw_gelem_s_worker=0.05)
+    assert predict(x, "zenflow-overlap").cycle_ms < predict(x, "zero-offload").cycle_ms
+
+
+def test_bytes_equal_design_formula() -> None:
+    n, b = 50e6, 2
+    assert predict(inputs(), "zero-offload").bytes_per_step == pytest.approx(2 * n * b)
+    assert predict(inputs(), "zenflow-overlap", Block(0.1, 4)).bytes_per_step == pytest.approx(1.125 * n * b)
+    for r, u in ((0.2, 2), (0.05, 8)):
+        assert transfer_bytes(n, b, r, u) == pytest.approx((1 - r) * n * b * (1 + 1 / u))
+    assert predict(inputs(), "no-offload").bytes_per_step == 0
+
+
+def test_bytes_match_committed_counters() -> None:
+    rec = json.loads((ROOT / "results/llama7b/cpu-scale-intel-xeon-2c/ref-zenflow-r0.json").read_text())
+    model_bytes = rec["model"]["model_bytes"]
+    measured = rec["summary"]["grad_param_bytes_per_step_over_model_bytes"]
+    assert measured == pytest.approx(transfer_bytes(model_bytes, 1, 0.1, 4) / model_bytes, abs=0.005)  # k = ceil
+
+
+def test_best_block_is_on_the_grid_and_not_slower_than_default() -> None:
+    x = inputs(adamw_gelem_s_worker=0.1)
+    block, pred = best_block(x)
+    assert pred.cycle_ms <= predict(x, "zenflow-overlap", Block(0.1, 4)).cycle_ms * 1.02 + 1e-9
+    assert 0 < block.topk_ratio <= 0.5 and block.update_interval in (1, 2, 4, 8, 16)
+
+
+@pytest.mark.parametrize("bad", [dict(fb_ms=0), dict(d2h_gbps=-1), dict(column_params=float("nan")),
+                                 dict(adamw_gelem_s=None)])
+def test_bad_inputs_are_named(bad: dict) -> None:
+    with pytest.raises(CostModelError, match=next(iter(bad))):
+        inputs(**bad)
+
+
+def test_bad_block_and_engine() -> None:
+    with pytest.raises(CostModelError, match="topk_ratio"):
+        Block(1.5, 4)
+    with pytest.raises(CostModelError, match="update_interval"):
+        Block(0.1, 0)
+    with pytest.raises(CostModelError, match="engine"):
+        predict(inputs(), "zero-infinity")
+
+
+def test_unknown_gpu_preset_and_model() -> None:
+    with pytest.raises(CostModelError, match="unknown GPU preset"):
+        presets.gpu_inputs("llama2-7b", "v100", 0.3, 0.5)
+    with pytest.raises(CostModelError, match="unknown preset"):
+        presets.gpu_inputs("gpt-5", "a100", 0.3, 0.5)
+
+
+def test_calibration_of_another_hardware_id_is_refused(tmp_path: Path) -> None:
+    cal = tmp_path / "calibration.json"
+    cal.write_text(json.dumps({"schema": "costmodel-calibration/1", "hardware_id": "a100-dgx"}))
+    with pytest.raises(CostModelError, match="another hardware id|hardware id 'a100-dgx'"):
+        presets.load_calibration(cal, "cpu-scale-intel-xeon-2c")
+    with pytest.raises(CostModelError, match="not found"):
+        presets.load_calibration(tmp_path / "missing.json")
+
+
+def test_cli_errors_and_projection(capsys: pytest.CaptureFixture) -> None:
+    assert main(["--gpu", "v100"]) == 2
+    assert "unknown GPU preset" in capsys.readouterr().err
+    assert main(["--gpu", "a100", "--link-gbps", "0", "--adamw-gelem-per-core", "0.3",
+                 "--accum-gelem-per-core", "0.5"]) == 2
+    assert "link_gbps" in capsys.readouterr().err
+    assert main(["--gpu", "h100", "--model", "qwen2.5-3b", "--adamw-gelem-per-core", "0.3",
+                 "--accum-gelem-per-core", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "PROJECTED" in out and "best block" in out
+
+
+def test_model_counts_match_published_sizes() -> None:
+    # published totals: Llama-2-7B 6.74B, 13B 13.02B, Qwen2.5-1.5B 1.54B, Qwen2.5-3B 3.09B
+    for name, total in (("llama2-7b", 6.74e9), ("llama2-13b", 13.02e9), ("qwen2.5-1.5b", 1.54e9),
+                        ("qwen2.5-3b", 3.09e9)):
+        c = presets.model_counts(name)
+        assert c["column"] + c["dense"] == pytest.approx(total, rel=0.01)
+
+
+def _project_module():
+    spec = importlib.util.spec_from_file_location("project", ROOT / "reproduce" / "project.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent for p in COSTMODEL.glob("*/validation.csv")) or [None])
+def test_validation_table_regenerates_from_committed_records(folder: Path | None) -> None:
+    if folder is None:
+        pytest.skip("no committed validation table")
+    project = _project_module()
+    cal = presets.load_calibration(folder / "calibration.json", expect_hardware_id=folder.name)
+    rows = project.validation(cal, folder.name)
+    with open(folder / "validation.csv") as f:
+        committed = list(csv.DictReader(f))
+    assert [(r["seq"], r["engine"]) for r in rows] == [(int(c["seq"]), c["engine"]) for c in committed]
+    for r, c in zip(rows, committed):
+        assert r["predicted_cycle_ms"] == pytest.approx(float(c["predicted_cycle_ms"]), rel=1e-9)
+        assert r["measured_cycle_ms"] == pytest.approx(float(c["measured_cycle_ms"]), rel=1e-9)

@@ -1,0 +1,218 @@
+"""Cost model: step time, compute / I/O / stall split and bytes of no-offload, ZeRO-Offload and ZenFlow.
+
+Every formula is explained in docs/cost-model.md. Inputs are rates measured by `zenflow.harness.calibrate` (the
+cpu-scale machine) or stated hardware facts (`zenflow.harness.presets`, GPU projections, labelled "projected").
+
+    python -m zenflow.harness.costmodel --help          # what-if: your numbers -> speedup, best topk/update_interval
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, fields, replace
+
+ENGINES = ("no-offload", "zero-offload", "zero-offload-dpu", "zenflow-sync", "zenflow-overlap")
+
+
+class CostModelError(ValueError):
+    """Inputs the model cannot use (missing, non-positive, unknown preset, foreign calibration record)."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One rank's view of one training step. Times in ms, bandwidths in GB/s (1e9 B/s), rates in G elements/s."""
+    column_params: float        # N: elements of the >= 2-D params (what ZenFlow splits by columns)
+    dense_params: float         # biases, norms: always on the device
+    tokens: float               # tokens per step per rank (micro-batch x sequence)
+    dtype_bytes: float          # b: bytes per element of params and grads on the link
+    fb_ms: float                # forward + backward on the device, all device resources
+    fb_ms_overlap: float        # the same while the host worker runs (cpu-scale: the device keeps 1 of 2 cores)
+    device_opt_ms: float        # no-offload: clipping + AdamW of every param on the device
+    device_base_ms: float       # offload engines, nothing selected: global grad norm + dense params (sync layout)
+    device_base_ms_overlap: float  # the same with the overlap layout
+    device_col_ns: float        # device update per selected column element: gather, fp32 AdamW, scatter (ns)
+    d2h_gbps: float             # contiguous copies (all columns)
+    h2d_gbps: float
+    gather_gbps: float          # column-subset copies (the unselected columns), device -> host
+    scatter_gbps: float         # ... and host -> device
+    accum_gelem_s: float        # host fp32 accumulation of gradients, sync layout (host cores it may use)
+    adamw_gelem_s: float        # host AdamW (+ cast into the upload buffer), sync layout
+    accum_gelem_s_worker: float  # the same on the overlap worker's cores
+    adamw_gelem_s_worker: float
+    compute_slowdown: float = 1.0  # device work slowed by a busy host worker (shared memory bandwidth); 1 = none
+    host_slowdown: float = 1.0     # host work slowed by busy device work
+    grad_copy_hidden: bool = False  # the gradient copy overlaps backward (GPU: DeepSpeed copies buckets early)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool):
+                continue
+            if value is None or not isinstance(value, (int, float)) or math.isnan(value):
+                raise CostModelError(f"{f.name} = {value!r}: a number is required")
+            allowed_zero = f.name in ("dense_params", "device_base_ms", "device_base_ms_overlap", "device_col_ns")
+            if value < 0 or (value == 0 and not allowed_zero):
+                raise CostModelError(f"{f.name} = {value!r}: must be > 0" + (" (or 0)" if allowed_zero else ""))
+
+
+@dataclass(frozen=True)
+class Block:
+    """The ZenFlow block (DeepSpeed's names); ZeRO-Offload is topk_ratio 0, update_interval 1."""
+    topk_ratio: float = 0.1
+    update_interval: int = 4
+    overlap_step: bool = True
+    full_warm_up_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.topk_ratio <= 1:
+            raise CostModelError(f"topk_ratio = {self.topk_ratio!r}: expected 0 <= topk_ratio <= 1")
+        if not isinstance(self.update_interval, int) or self.update_interval < 1:
+            raise CostModelError(f"update_interval = {self.update_interval!r}: expected an int >= 1")
+
+
+@dataclass
+class Prediction:
+    engine: str
+    accumulate_ms: float | None  # None when every step is an update step
+    update_ms: float
+    cycle_ms: float              # mean step time over one update cycle (warm-up excluded)
+    compute_ms: float            # per step, means over the cycle
+    io_ms: float                 # exposed transfers
+    stall_ms: float              # device idle waiting for the host
+    bytes_per_step: float        # grads down + params up, column params (DESIGN §2)
+
+
+def _ms(elements: float, gelem_s: float) -> float:
+    return elements / gelem_s / 1e6
+
+
+def transfer_bytes(n: float, b: float, r: float, interval: int) -> float:
+    """DESIGN §2: ZeRO-Offload 2·N·b; ZenFlow (1-r)·N·b·(1 + 1/U)."""
+    return (1 - r) * n * b * (1 + 1 / interval)
+
+
+def predict(x: Inputs, engine: str, block: Block | None = None) -> Prediction:
+    """Steady-state step times of one engine; `block` sets topk_ratio / update_interval for the ZenFlow engines."""
+    n, b = x.column_params, x.dtype_bytes
+    if engine == "no-offload":
+        t = x.fb_ms + x.device_opt_ms
+        return Prediction(engine, None, t, t, t, 0.0, 0.0, 0.0)
+    if engine in ("zero-offload", "zero-offload-dpu"):
+        block = Block(0.0, 1, engine == "zero-offload-dpu")
+    elif engine in ("zenflow-sync", "zenflow-overlap"):
+        block = replace(block or Block(), overlap_step=engine == "zenflow-overlap")
+    else:
+        raise CostModelError(f"engine = {engine!r}: expected one of {ENGINES}")
+    r, u = block.topk_ratio, block.update_interval
+    host_n = (1 - r) * n
+    subset = 0 < r < 1  # only column subsets need a gather / scatter; all columns are plain copies
+    down = host_n * b / ((x.gather_gbps if subset else x.d2h_gbps) * 1e6)
+    up = host_n * b / ((x.scatter_gbps if subset else x.h2d_gbps) * 1e6)
+    bytes_step = transfer_bytes(n, b, r, u)
+    if not block.overlap_step:
+        device = x.fb_ms + x.device_base_ms + r * n * x.device_col_ns / 1e6
+        io_down = max(0.0, down - x.fb_ms * 2 / 3) if x.grad_copy_hidden else down  # backward ≈ 2/3 of fwd+bwd
+        acc = device + io_down + _ms(host_n, x.accum_gelem_s) * (r < 1)
+        upd = acc + (_ms(host_n, x.adamw_gelem_s) + up) * (r < 1)
+        cycle = ((u - 1) * acc + upd) / u
+        stall = (u * _ms(host_n, x.accum_gelem_s) + _ms(host_n, x.adamw_gelem_s)) / u * (r < 1)
+        io = (u * io_down + up) / u * (r < 1)
+        return Prediction(engine, acc if u > 1 else None, upd, cycle, device, io, stall, bytes_step)
+    # overlap: the worker gathers + accumulates every step and runs host AdamW once per cycle, in the background;
+    # the training thread waits at each boundary for the previous boundary's job (FIFO, one interval of slack).
+    device_alone = x.fb_ms_overlap + x.device_base_ms_overlap + r * n * x.device_col_ns / 1e6
+    worker_alone = (u * (down + _ms(host_n, x.accum_gelem_s_worker)) + _ms(host_n, x.adamw_gelem_s_worker)) \
+        if r < 1 else 0.0
+    train_alone = u * device_alone + up
+    busy = min(1.0, worker_alone / train_alone)  # fraction of the cycle the worker competes for memory bandwidth
+    device = device_alone * (1 + (x.compute_slowdown - 1) * busy)
+    worker = worker_alone * x.host_slowdown
+    train = u * device + up
+    stall = max(0.0, worker - train)  # the queue never drains faster than the worker works
+    upd = device + up + stall
+    cycle = ((u - 1) * device + upd) / u
+    return Prediction(engine, device if u > 1 else None, upd, cycle, device, up / u, stall / u, bytes_step)
+
+
+def predict_all(x: Inputs, block: Block | None = None) -> dict[str, Prediction]:
+    return {e: predict(x, e, block) for e in ENGINES}
+
+
+def best_block(x: Inputs, max_device_fraction: float = 1.0, tolerance: float = 0.02) -> tuple[Block, Prediction]:
+    """The overlap ZenFlow block with the lowest predicted cycle time over a grid of topk_ratio x update_interval,
+    topk_ratio <= max_device_fraction (device memory for the fp32 master + moments of the selected columns);
+    among blocks within `tolerance` of the best, the smallest update_interval (least staleness), then the
+    smallest topk_ratio (least device memory)."""
+    grid = [Block(r, u) for r in (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5) if r <= max_device_fraction
+            for u in (1, 2, 4, 8, 16)]
+    if not grid:
+        raise CostModelError(f"max_device_fraction = {max_device_fraction!r}: no topk_ratio >= 0.01 fits")
+    scored = [(predict(x, "zenflow-overlap", blk), blk) for blk in grid]
+    best = min(p.cycle_ms for p, _ in scored)
+    near = [(blk.update_interval, blk.topk_ratio, blk, p) for p, blk in scored if p.cycle_ms <= best * (1 + tolerance)]
+    _, _, blk, pred = min(near, key=lambda t: (t[0], t[1]))
+    return blk, pred
+
+
+def main(argv: list[str] | None = None) -> int:
+    from zenflow.harness import presets
+
+    ap = argparse.ArgumentParser(
+        prog="python -m zenflow.harness.costmodel",
+        description="What-if: predicted ZeRO-Offload vs ZenFlow step time for your hardware (projected, not measured). "
+        "Either a GPU preset (--gpu) with a model preset or your own numbers, or --calibration RECORD for this "
+        "machine's cpu-scale workload.")
+    ap.add_argument("--gpu", help=f"GPU preset: {', '.join(presets.GPUS)}")
+    ap.add_argument("--model", default="llama2-7b", help=f"model preset: {', '.join(presets.MODELS)}")
+    ap.add_argument("--calibration", help="a calibration record of THIS machine (results/costmodel/<id>/...)")
+    ap.add_argument("--seq-len", type=int, help="tokens per sample (calibration: default 16; GPU: 512)")
+    ap.add_argument("--micro-batch", type=int, help="samples per step per GPU (GPU default 8)")
+    ap.add_argument("--params", type=float, help="column (2-D) params, e.g. 6.7e9 (overrides the model preset)")
+    ap.add_argument("--tflops", type=float, help="device bf16 peak TFLOP/s (overrides the GPU preset)")
+    ap.add_argument("--mfu", type=float, help=f"model FLOP utilisation (default {presets.MFU})")
+    ap.add_argument("--hbm-gbps", type=float, help="device memory bandwidth, GB/s")
+    ap.add_argument("--link-gbps", type=float, help="measured host<->device GB/s per direction")
+    ap.add_argument("--host-cores", type=int, help="host cores for the optimizer, per GPU")
+    ap.add_argument("--adamw-gelem-per-core", type=float, help="host AdamW G elements/s per core")
+    ap.add_argument("--accum-gelem-per-core", type=float, help="host fp32 accumulation G elements/s per core")
+    ap.add_argument("--world-size", type=int, help="GPUs, ZeRO-2 data parallel (default 4)")
+    ap.add_argument("--gpu-mem-gb", type=float, help="device memory, GB: bounds topk_ratio")
+    ap.add_argument("--topk-ratio", type=float, default=0.1)
+    ap.add_argument("--update-interval", type=int, default=4)
+    args = ap.parse_args(argv)
+    try:
+        if args.calibration:
+            cal = presets.load_calibration(args.calibration)
+            seq = 16 if args.seq_len is None else args.seq_len
+            x = presets.cpu_scale_inputs(cal, seq_len=seq)
+            what, mem_fraction = f"cpu-scale, {cal['hardware_id']}, seq {seq}", 1.0
+        else:
+            x, what, mem_fraction = presets.gpu_inputs_from_args(args)
+        block = Block(args.topk_ratio, args.update_interval)
+        preds = predict_all(x, block)
+        best, best_pred = best_block(x, mem_fraction)
+    except CostModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    base = preds["zero-offload"].cycle_ms
+    print(f"PROJECTED (cost model, not a measurement): {what}\n")
+    print(f"{'engine':18} {'cycle ms':>10} {'accum ms':>9} {'update ms':>10} {'compute':>9} {'I/O':>8} "
+          f"{'stall':>9} {'GB/step':>8} {'speedup':>8}")
+    for p in preds.values():
+        acc = "—" if p.accumulate_ms is None else f"{p.accumulate_ms:.1f}"
+        print(f"{p.engine:18} {p.cycle_ms:10.1f} {acc:>9} {p.update_ms:10.1f} {p.compute_ms:9.1f} {p.io_ms:8.1f} "
+              f"{p.stall_ms:9.1f} {p.bytes_per_step / 1e9:8.2f} {base / p.cycle_ms:7.2f}×")
+    zen = preds["zenflow-overlap"]
+    stall_cut = 1 - zen.stall_ms / preds["zero-offload"].stall_ms if preds["zero-offload"].stall_ms else 0.0
+    print(f"\nZenFlow (topk {block.topk_ratio}, U {block.update_interval}, overlap) over ZeRO-Offload: "
+          f"{base / zen.cycle_ms:.2f}× speedup, stall −{100 * stall_cut:.0f}%")
+    print(f"best block by the model: topk_ratio {best.topk_ratio}, update_interval {best.update_interval} → "
+          f"{best_pred.cycle_ms:.1f} ms/step, {base / best_pred.cycle_ms:.2f}× over ZeRO-Offload"
+          + (f" (topk_ratio ≤ {mem_fraction:.2f} fits device memory)" if mem_fraction < 1 else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
