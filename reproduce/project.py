@@ -134,7 +134,7 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
     theirs = [abs(r["error_pct"]) for r in rows if r["engine"].startswith("ds-") and not r["fitted_here"]]
     text = "\n".join([
         f"# Cost model validation — {cal['hardware_id']} (cpu-scale, measured vs predicted)", "",
-        f"Calibration: `calibration.json` (microbenchmarks at seq {', '.join(cal['forward_backward_ms']['1'])}; "
+        f"Calibration: `calibration.json` (short training loops at seq {cal['calibration_seq_lens']}; "
         "no end-to-end run is used for our engines). Runs: seq 16 from `results/llama7b/`, others from "
         "`validation/seqN/`. ZenFlow block: topk 0.1, update interval 4, overlap.", "",
         tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), "",

@@ -2,11 +2,12 @@
 
 Each constant is measured alone, outside any end-to-end run, on the machine at hand:
 
-- forward+backward of the workload at two sequence lengths, on 1 and on 2 threads (fit: fixed + per-token time);
-- the optimizer parts, by driving the real `ZenFlowAdamW` on the workload's parameters with synthetic gradients
-  (no forward/backward), sync mode, reading its blocking sections: gradient copy / gather to the host, host fp32
-  accumulation, host AdamW, parameter copy / scatter back, and the rest of the step (clipping norm + device update);
-- plain `torch.optim.AdamW` (fused, bf16 params, with clipping): the no-offload optimizer step;
+- short training loops of the workload at two sequence lengths (8 and 32; the validation runs use 4, 16, 64),
+  forward+backward timed alone (fit: fixed + per-token time), with each optimizer in the layout it runs in:
+  plain fused `torch.optim.AdamW` on 2 threads (no-offload); `ZenFlowAdamW` synchronous, topk 0 on 2 threads
+  (ZeRO-Offload) and topk 0.1 / topk 0 on 1 thread (the overlap layout's per-core rates). The optimizer's
+  blocking sections give gradient copy / gather to the host, host fp32 accumulation, host AdamW, parameter copy /
+  scatter back; the rest of the step is clipping norm + device update;
 - contention: forward+backward on one core while the other core runs host AdamW, against each alone.
 
     python -m zenflow.harness.calibrate [--out results/costmodel/<hardware-id>/calibration.json]
@@ -59,34 +60,53 @@ class _Blocks:
         self.ms[what] = self.ms.get(what, 0.0) + (time.perf_counter() - self._open.pop(what)) * 1e3
 
 
-def _fill_grads(model: torch.nn.Module) -> None:
-    for p in model.parameters():
-        p.grad = torch.randn_like(p) * 1e-3
+def _line(points: dict[int, float]) -> dict[str, float]:
+    return {str(k): v for k, v in sorted(points.items())}
 
 
-def _zenflow_step_parts(model: torch.nn.Module, block: dict[str, Any], threads: int, repeats: int) -> dict:
-    """Median per-section times (ms) of synchronous ZenFlowAdamW steps on synthetic gradients."""
+def _training_loop(model: torch.nn.Module, block: dict[str, Any] | None, threads: int, seqs: tuple[int, ...],
+                   repeats: int) -> dict[str, Any]:
+    """A short training loop on real tokens: forward+backward timed alone, then the optimizer step, its blocking
+    sections read from the optimizer's observer. `block` None = plain fused AdamW (no-offload, clipping 1.0);
+    otherwise ZenFlowAdamW with that block, synchronous, selection once at the first step.
+    Returns the median forward+backward per sequence length and the median step parts over all timed steps."""
     from zenflow import ZenFlowAdamW
 
     torch.set_num_threads(threads)
-    opt = ZenFlowAdamW(model.parameters(), lr=1e-5, weight_decay=0.01, gradient_clipping=1.0, skip_nonfinite=True,
-                       zenflow={**block, "overlap_step": False, "select_strategy": "step", "select_interval": 10**6})
+    if block is None:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
+    else:
+        opt = ZenFlowAdamW(model.parameters(), lr=1e-5, weight_decay=0.01, gradient_clipping=1.0,
+                           zenflow={**block, "overlap_step": False, "select_strategy": "step",
+                                    "select_interval": 10**6})
+    fb: dict[int, float] = {}
     rows = []
-    for i in range(repeats + 2):  # the first step selects (and moves columns): not timed, nor the next
-        _fill_grads(model)
-        obs = _Blocks()
-        handle = opt.add_observer(obs)
-        start = time.perf_counter()
-        opt.step()
-        total = (time.perf_counter() - start) * 1e3
-        handle.remove()
-        if i >= 2:
-            rows.append({**obs.ms, "total": total})
-    opt.close()
+    for seq in seqs:
+        ids = torch.randint(0, 32000, (1, seq), generator=torch.Generator().manual_seed(seq))
+        times = []
+        for i in range(repeats + 2):  # the first steps (selection, allocation) are not timed
+            start = time.perf_counter()
+            model(input_ids=ids, labels=ids).loss.backward()
+            after_fb = time.perf_counter()
+            obs = _Blocks()
+            handle = opt.add_observer(obs) if block is not None else None
+            if block is None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            total = (time.perf_counter() - after_fb) * 1e3
+            if handle is not None:
+                handle.remove()
+            if i >= 2:
+                times.append((after_fb - start) * 1e3)
+                rows.append({**obs.ms, "total": total})
+        fb[seq] = statistics.median(times)
+    if block is not None:
+        opt.close()
     keys = {k for r in rows for k in r}
-    out = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
-    out["device"] = out["total"] - sum(v for k, v in out.items() if k != "total")  # clip norm + device update
-    return out
+    parts = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
+    parts["device"] = parts["total"] - sum(v for k, v in parts.items() if k != "total")  # clip norm + device update
+    return {"threads": threads, "block": block, "forward_backward_ms": _line(fb), "step_parts_ms": parts}
 
 
 def calibrate(seq_lens: tuple[int, ...] = CAL_SEQS, repeats: int = 5, shape: dict | None = None) -> dict[str, Any]:
@@ -98,36 +118,16 @@ def calibrate(seq_lens: tuple[int, ...] = CAL_SEQS, repeats: int = 5, shape: dic
     w = Workload(**(shape or {}))
     model = build_model(w)
     facts = _model_facts(model)
-    n_col, elem = facts["column_parameters"], model.lm_head.weight.element_size()
-    fb: dict[str, dict[str, float]] = {}
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        for seq in seq_lens:
-            ids = torch.randint(0, 32000, (1, seq))
-
-            def fwd_bwd(ids: torch.Tensor = ids) -> None:
-                model(input_ids=ids, labels=ids).loss.backward()
-                model.zero_grad(set_to_none=True)
-            fb.setdefault(str(threads), {})[str(seq)] = _median_ms(fwd_bwd, repeats)
-    torch.set_num_threads(2)
-    _fill_grads(model)
-    adamw = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
-
-    def plain_step() -> None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        adamw.step()
-    no_offload_ms = _median_ms(plain_step, repeats)
-    offload2 = _zenflow_step_parts(build_model(w), {"topk_ratio": 0.0, "update_interval": 1}, 2, repeats)
-    zen1 = _zenflow_step_parts(build_model(w), {"topk_ratio": 0.1, "update_interval": 1}, 1, repeats)
-    zen0 = _zenflow_step_parts(build_model(w), {"topk_ratio": 0.0, "update_interval": 1}, 1, repeats)
+    loops = {"no_offload_2t": (None, 2), "offload_2t": ({"topk_ratio": 0.0, "update_interval": 1}, 2),
+             "zenflow_r0.1_1t": ({"topk_ratio": 0.1, "update_interval": 1}, 1),
+             "zenflow_r0_1t": ({"topk_ratio": 0.0, "update_interval": 1}, 1)}
+    measured = {name: _training_loop(build_model(w), block, threads, seq_lens, repeats)
+                for name, (block, threads) in loops.items()}
     contention = _contention(build_model(w), w, repeats)
     return {"schema": SCHEMA, "hardware_id": env["hardware_id"], "environment": env,
-            "workload": w.to_dict(), "model": facts, "element_bytes": elem, "column_elements": n_col,
-            "forward_backward_ms": fb, "no_offload_optimizer_ms_2t": no_offload_ms,
-            "offload_step_parts_ms_2t": offload2, "zenflow_r0.1_step_parts_ms_1t": zen1,
-            "zenflow_r0_step_parts_ms_1t": zen0,
-            "contention": contention, "repeats": repeats,
-            "method": __doc__.split("\n\n")[1]}
+            "workload": w.to_dict(), "model": facts, "element_bytes": model.lm_head.weight.element_size(),
+            "column_elements": facts["column_parameters"], "calibration_seq_lens": list(seq_lens),
+            "loops": measured, "contention": contention, "repeats": repeats, "method": __doc__.split("\n\n")[1]}
 
 
 def _contention(model: torch.nn.Module, w: Any, repeats: int) -> dict[str, float]:

@@ -44,11 +44,14 @@ class Inputs:
     compute_slowdown: float = 1.0  # device work slowed by a busy host worker (shared memory bandwidth); 1 = none
     host_slowdown: float = 1.0     # host work slowed by busy device work
     grad_copy_hidden: bool = False  # the gradient copy overlaps backward (GPU: DeepSpeed copies buckets early)
+    fb_ms_no_offload: float | None = None  # forward+backward in the no-offload loop when it differs (cpu-scale)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool):
+                continue
+            if value is None and f.name == "fb_ms_no_offload":
                 continue
             if value is None or not isinstance(value, (int, float)) or math.isnan(value):
                 raise CostModelError(f"{f.name} = {value!r}: a number is required")
@@ -97,7 +100,7 @@ def predict(x: Inputs, engine: str, block: Block | None = None) -> Prediction:
     """Steady-state step times of one engine; `block` sets topk_ratio / update_interval for the ZenFlow engines."""
     n, b = x.column_params, x.dtype_bytes
     if engine == "no-offload":
-        t = x.fb_ms + x.device_opt_ms
+        t = (x.fb_ms if x.fb_ms_no_offload is None else x.fb_ms_no_offload) + x.device_opt_ms
         return Prediction(engine, None, t, t, t, 0.0, 0.0, 0.0)
     if engine in ("zero-offload", "zero-offload-dpu"):
         block = Block(0.0, 1, engine == "zero-offload-dpu")

@@ -82,11 +82,11 @@ def load_calibration(path: str | Path, expect_hardware_id: str | None = "this ma
     return cal
 
 
-def fb_ms(cal: dict[str, Any], threads: int, tokens: float) -> float:
+def fb_ms(cal: dict[str, Any], loop: str, tokens: float) -> float:
     """Forward+backward: a line through the two calibrated sequence lengths (fixed + per-token time)."""
-    points = sorted((int(s), ms) for s, ms in cal["forward_backward_ms"][str(threads)].items())
+    points = sorted((int(s), ms) for s, ms in cal["loops"][loop]["forward_backward_ms"].items())
     (s0, t0), (s1, t1) = points[0], points[-1]
-    return t0 + (t1 - t0) / (s1 - s0) * (tokens - s0)
+    return max(1e-3, t0 + (t1 - t0) / (s1 - s0) * (tokens - s0))
 
 
 def cpu_scale_inputs(cal: dict[str, Any], seq_len: int, micro_batch: int = 1) -> Inputs:
@@ -95,14 +95,15 @@ def cpu_scale_inputs(cal: dict[str, Any], seq_len: int, micro_batch: int = 1) ->
     if seq_len < 1 or micro_batch < 1:
         raise CostModelError(f"seq_len = {seq_len!r}, micro_batch = {micro_batch!r}: expected ints >= 1")
     n, b = float(cal["column_elements"]), float(cal["element_bytes"])
-    off, zen, zen0 = (cal["offload_step_parts_ms_2t"], cal["zenflow_r0.1_step_parts_ms_1t"],
-                      cal["zenflow_r0_step_parts_ms_1t"])
+    loops = cal["loops"]
+    off, zen, zen0 = (loops[k]["step_parts_ms"] for k in ("offload_2t", "zenflow_r0.1_1t", "zenflow_r0_1t"))
     host_n = 0.9 * n
     tokens = seq_len * micro_batch
     return Inputs(
         column_params=n, dense_params=float(cal["model"]["dense_parameters"]), tokens=tokens, dtype_bytes=b,
-        fb_ms=fb_ms(cal, 2, tokens), fb_ms_overlap=fb_ms(cal, 1, tokens),
-        device_opt_ms=cal["no_offload_optimizer_ms_2t"], device_base_ms=off["device"],
+        fb_ms=fb_ms(cal, "offload_2t", tokens), fb_ms_overlap=fb_ms(cal, "zenflow_r0.1_1t", tokens),
+        fb_ms_no_offload=fb_ms(cal, "no_offload_2t", tokens),
+        device_opt_ms=loops["no_offload_2t"]["step_parts_ms"]["total"], device_base_ms=off["device"],
         device_base_ms_overlap=zen0["device"], device_col_ns=max(0.0, zen["device"] - zen0["device"]) / (0.1 * n) * 1e6,
         d2h_gbps=n * b / off["copy_d2h"] / 1e6, h2d_gbps=n * b / off["copy_h2d"] / 1e6,
         gather_gbps=host_n * b / zen["copy_d2h"] / 1e6, scatter_gbps=host_n * b / zen["copy_h2d"] / 1e6,
