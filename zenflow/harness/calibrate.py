@@ -131,8 +131,10 @@ def calibrate(seq_lens: tuple[int, ...] = CAL_SEQS, repeats: int = 5, shape: dic
 
 
 def _contention(model: torch.nn.Module, w: Any, repeats: int) -> dict[str, float]:
-    """Slow-down of forward+backward (main thread, 1 core) while host AdamW runs on a thread pinned to the
-    other core, and of host AdamW while forward+backward runs; 1.0 = no contention."""
+    """Slow-down of forward+backward (main thread, pinned to one core) while host AdamW runs on a thread pinned to
+    the other core, and of host AdamW while forward+backward runs; 1.0 = no contention. Alone and together are
+    interleaved round by round and the ratio is the median of per-round ratios, so a neighbour's load on a shared
+    machine hits both sides of each ratio alike."""
     import os
 
     from zenflow.adam import AdamWHyper, adamw_
@@ -143,36 +145,54 @@ def _contention(model: torch.nn.Module, w: Any, repeats: int) -> dict[str, float
     grad = torch.randn(n) * 1e-3
     hyper = AdamWHyper(lr=1e-5, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
     ids = torch.randint(0, 32000, (1, 32))
+    cores = sorted(os.sched_getaffinity(0))
+    run, stop, adam_times = threading.Event(), threading.Event(), []
 
-    def fwd_bwd() -> None:
+    def fwd_bwd() -> float:
+        start = time.perf_counter()
         model(input_ids=ids, labels=ids).loss.backward()
         model.zero_grad(set_to_none=True)
-
-    def adam() -> None:
-        adamw_([host[0]], [grad], [host[1]], [host[2]], [1], hyper)
-    fb_alone, adam_alone = _median_ms(fwd_bwd, repeats), _median_ms(adam, repeats)
-    cores = sorted(os.sched_getaffinity(0))
-    stop, adam_times = threading.Event(), []
+        return (time.perf_counter() - start) * 1e3
 
     def worker() -> None:
         if len(cores) > 1:
             os.sched_setaffinity(0, {cores[-1]})
         torch.set_num_threads(1)
         while not stop.is_set():
+            if not run.wait(0.01):
+                continue
             start = time.perf_counter()
-            adam()
-            adam_times.append((time.perf_counter() - start) * 1e3)
+            adamw_([host[0]], [grad], [host[1]], [host[2]], [1], hyper)
+            adam_times.append(((time.perf_counter() - start) * 1e3, busy_main[0]))
+    busy_main = [False]
+    saved = set(cores)
     if len(cores) > 1:
         os.sched_setaffinity(0, {cores[0]})
     thread = threading.Thread(target=worker, daemon=True)
     thread.start()
-    fb_busy = _median_ms(fwd_bwd, repeats * 2)
-    stop.set()
-    thread.join()
-    os.sched_setaffinity(0, set(cores))
-    adam_busy = statistics.median(adam_times) if adam_times else adam_alone
-    return {"fb_alone_ms": fb_alone, "fb_with_host_adamw_ms": fb_busy, "compute_slowdown": fb_busy / fb_alone,
-            "adamw_alone_ms": adam_alone, "adamw_with_fb_ms": adam_busy, "host_slowdown": adam_busy / adam_alone,
+    fb_alone, fb_busy = [], []
+    try:
+        fwd_bwd()
+        for _ in range(repeats + 1):
+            fb_alone.append(fwd_bwd())          # worker idle
+            run.set()
+            time.sleep(0.05)                    # worker alone (main thread sleeping)
+            busy_main[0] = True
+            fb_busy.append(fwd_bwd())           # both busy
+            busy_main[0] = False
+            time.sleep(0.05)
+            run.clear()
+    finally:
+        stop.set()
+        thread.join()
+        os.sched_setaffinity(0, saved)
+    adam_alone = [t for t, busy in adam_times if not busy] or [t for t, _ in adam_times]
+    adam_busy = [t for t, busy in adam_times if busy] or adam_alone
+    fb_ratio = statistics.median(b / a for a, b in zip(fb_alone, fb_busy))
+    return {"fb_alone_ms": statistics.median(fb_alone), "fb_with_host_adamw_ms": statistics.median(fb_busy),
+            "compute_slowdown": max(1.0, fb_ratio), "adamw_alone_ms": statistics.median(adam_alone),
+            "adamw_with_fb_ms": statistics.median(adam_busy),
+            "host_slowdown": max(1.0, statistics.median(adam_busy) / statistics.median(adam_alone)),
             "adamw_elements": n}
 
 
