@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install test lint bench reproduce-llama7b project clean
+.PHONY: install test lint bench reproduce-llama7b reproduce-glue project clean
 
 install: $(STAMP)
 
@@ -38,6 +38,10 @@ reproduce-llama7b: install
 # ARGS=--run-validation reruns the cpu-scale validation runs first (≈30 min).
 project: install
 	$(PY) reproduce/project.py $(ARGS)
+
+# GLUE parity: MiniLM on SST-2/MRPC/RTE, five engines, three seeds (≈60 min here); MODEL= any HF checkpoint.
+reproduce-glue: install
+	$(PY) reproduce/glue.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 clean:
 	rm -rf $(VENV)

