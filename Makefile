@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install test lint bench reproduce-llama7b reproduce-glue project clean
+.PHONY: install test lint bench bench-compare reproduce-llama7b reproduce-glue project clean
 
 install: $(STAMP)
 
@@ -26,8 +26,16 @@ test: install
 lint: install
 	$(PY) -m ruff check zenflow tests bench reproduce
 
+# Each run is saved with its raw timings in .benchmarks/<hardware-id>/ (bench/conftest.py); ARGS for more flags,
+# e.g. ARGS=--benchmark-json=out.json. docs/benchmarks.md
 bench: install
-	$(PY) -m pytest bench/ --benchmark-only
+	$(PY) -m pytest bench/ --benchmark-only $(ARGS)
+
+# Verdict per benchmark (Regression / Suspicious / No change / Improvement / Insufficient data); exit 1 on Regression.
+# BASELINE, CANDIDATE: pytest-benchmark JSON files or folders (newest JSON); MARKDOWN=summary.md; ARGS for more flags.
+bench-compare: install
+	@test -n "$(BASELINE)" -a -n "$(CANDIDATE)" || { echo "usage: make bench-compare BASELINE=... CANDIDATE=..."; exit 2; }
+	$(PY) -m zenflow.bench_compare "$(BASELINE)" "$(CANDIDATE)" $(if $(MARKDOWN),--markdown "$(MARKDOWN)") $(ARGS)
 
 # Llama-2-7B scenario on a GPU host (MODEL=hub id or path); the cpu-scale scenario here. ARGS for more flags.
 reproduce-llama7b: install

@@ -1,0 +1,80 @@
+"""Training-step benchmarks of every engine (DESIGN §3) on the cpu-scale workload, and the GPU workload with CUDA.
+
+    .venv/bin/python -m pytest bench/test_train_step.py --benchmark-only
+    ZENFLOW_BENCH_SMALL=1 ...          # a tiny Llama (workload id "cpu-scale-small", so it is never compared with
+                                       # the real shape) and 5 rounds: the least the compare command accepts
+
+With --benchmark-disable (the smoke run of `make test`) each engine runs one round; the two DeepSpeed engines are
+skipped there unless ZENFLOW_BENCH_SMOKE_DEEPSPEED=1 (they need ~15 s each to start; tests/ runs DeepSpeed anyway).
+
+Each engine runs in its own child process built by the harness (zenflow/harness/stepper.py: the workload, engine
+adapters and StepTimeline of `runner.execute`), as every run does: DeepSpeed initialises once per process. One
+benchmark round asks the child for STEPS_PER_ROUND real training steps (forward, backward, optimizer step, loss read
+back: the sync point) and waits for them, so the round time is measured from outside around the real steps; the
+pipe round-trip adds ~0.1 ms to rounds of hundreds of ms. STEPS_PER_ROUND is the ZenFlow update interval, so every
+round is whole update cycles for every engine (ZenFlow's boundary step is in every round) and medians of different
+engines are directly comparable: time per 4 training steps. Model building and engine initialisation are untimed.
+
+extra_info: the engine, the workload, per-step milliseconds (median round / STEPS_PER_ROUND), and the child's run
+record summary (step-time split into accumulate/update steps, compute / I/O / stall, bytes per step); the full
+record (every step) is written to $ZENFLOW_BENCH_RECORDS (default .benchmarks/records/<hardware_id>/).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from zenflow.harness.engines import ENGINES, deepspeed_config
+from zenflow.harness.runner import RunSpec
+from zenflow.harness.stepper import SteppedEngine
+
+SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")
+CUDA = torch.cuda.is_available()
+STEPS_PER_ROUND = 4  # = ZENFLOW_BLOCK["update_interval"]
+ROUNDS, WARMUP_ROUNDS = (5, 1) if SMALL else (10, 2)
+# The Llama-2-7B scenario's settings (reproduce/llama7b.py): DeepSpeedExamples' ZenFlow fine-tuning.
+ZENFLOW_BLOCK = {"topk_ratio": 0.1, "update_interval": STEPS_PER_ROUND, "full_warm_up_rounds": 0,
+                 "overlap_step": True, "select_strategy": "step", "select_interval": 64}
+TINY_SHAPE = {"hidden": 64, "layers": 2, "intermediate": 128, "heads": 4}
+
+WORKLOADS: dict[str, dict] = (
+    {"cpu-scale-small": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, **TINY_SHAPE}} if SMALL else
+    {"cpu-scale": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16}})
+if CUDA and not SMALL:  # the GPU scenario: Llama-2-7B (or $MODEL, a hub id or a local path), bf16, sequence 512
+    WORKLOADS["gpu"] = {"model": os.environ.get("MODEL", "meta-llama/Llama-2-7b-hf"), "dtype": "bf16", "seq_len": 512}
+
+SUMMARY_KEYS = ("step_ms", "cycle_mean_ms", "accumulate_step_ms", "update_step_ms", "compute_ms", "io_ms",
+                "stall_ms", "forward_backward_ms", "optimizer_ms", "bytes_per_step",
+                "grad_param_bytes_per_step_over_model_bytes", "final_loss")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_train_step(benchmark, bench_records_dir: Path, workload: str, engine: str) -> None:
+    if benchmark.disabled and engine.startswith("ds-") and os.environ.get("ZENFLOW_BENCH_SMOKE_DEEPSPEED") != "1":
+        pytest.skip("smoke mode (--benchmark-disable): DeepSpeed engines take ~15 s each to start; "
+                    "ZENFLOW_BENCH_SMOKE_DEEPSPEED=1 runs them too")
+    shape = WORKLOADS[workload]
+    ds_config = deepspeed_config(engine, ZENFLOW_BLOCK, shape["dtype"], micro_batch=1, lr=2e-5, weight_decay=0.01,
+                                 clipping=1.0, cuda=CUDA)
+    spec = RunSpec(engine=engine, label=f"bench/{workload}", workload=shape, ds_config=ds_config,
+                   warmup_steps=WARMUP_ROUNDS * STEPS_PER_ROUND, timed_steps=ROUNDS * STEPS_PER_ROUND,
+                   progress=False, extra={"steps_per_round": STEPS_PER_ROUND})
+    out = bench_records_dir / f"{workload}-{engine}.json"
+    benchmark.group = f"train-step-{workload}"
+    benchmark.extra_info.update(engine=engine, workload=workload, steps_per_round=STEPS_PER_ROUND,
+                                rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, record=str(out))
+    with SteppedEngine(spec, out) as child:
+        benchmark.pedantic(child.steps, args=(STEPS_PER_ROUND,), rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS,
+                           iterations=1)
+        record = child.finish()
+    assert record.status == "ok", record.error
+    if benchmark.stats is not None:  # not when the benchmark is disabled (one call)
+        benchmark.extra_info["step_ms_median"] = benchmark.stats.stats.median / STEPS_PER_ROUND * 1e3
+    benchmark.extra_info["record_summary"] = {k: record.summary.get(k) for k in SUMMARY_KEYS}
+    benchmark.extra_info["model"] = record.model
+    benchmark.extra_info["warnings"] = record.warnings
