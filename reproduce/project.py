@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BLOCK = Block(0.1, 4, True)  # the ZenFlow block of every run and projection (DeepSpeedExamples' settings)
 SEQ16 = "results/llama7b/{hw}"  # the committed seq-16 scenario is the middle validation point
 EXTRA_SEQS = (4, 64)
-# Paper Figure 1 (arXiv 2505.12242): speedup over ZeRO-Offload and stall reduction, ranges over its models.
+# Paper Figure 1 (arXiv 2505.12242, Llama-2-7B): speedup over ZeRO-Offload and stall reduction (issue 6's ranges).
 PAPER = {"a100": ("4.6–5.1×", "−88…−90%"), "h100": ("3.2–4.1×", "−82…−87%")}
+QUIET = 0.2  # a run is "quiet" when other heavy jobs ran during less than this fraction of it
 OURS = {"no-offload": "no-offload", "ref-offload": "zero-offload", "ref-zenflow": "zenflow-overlap"}
 
 
@@ -44,11 +45,15 @@ def measured(folder: Path) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     runs = [r for r in read_records(folder) if r.status == "ok" and r.protocol.get("telemetry", True)]
     for engine in sorted({r.engine for r in runs}):
-        mine = [r.summary for r in runs if r.engine == engine]
+        all_runs = [r for r in runs if r.engine == engine]
+        quiet = [r for r in all_runs if r.protocol.get("neighbour_busy_fraction", 0.0) < QUIET]
+        chosen = quiet or all_runs  # runs on a quiet machine when there are any
+        mine = [r.summary for r in chosen]
         out[engine] = {k: statistics.median(s[k] for s in mine) if all(s.get(k) is not None for s in mine) else None
                        for k in ("cycle_mean_ms", "accumulate_step_ms", "update_step_ms", "compute_ms", "io_ms",
                                  "stall_ms", "forward_backward_ms")}
         out[engine]["runs"] = len(mine)
+        out[engine]["neighbours"] = max(r.protocol.get("neighbour_busy_fraction", 0.0) for r in chosen)
     return out
 
 
@@ -100,7 +105,7 @@ def validation(cal: dict[str, Any], hw: str) -> list[dict[str, Any]]:
                          "measured_accumulate_ms": m["accumulate_step_ms"], "predicted_accumulate_ms": p.accumulate_ms,
                          "measured_update_ms": m["update_step_ms"], "predicted_update_ms": p.update_ms,
                          "measured_stall_ms": m["stall_ms"], "predicted_stall_ms": p.stall_ms,
-                         "fitted_here": engine.startswith("ds-") and seq == 16})
+                         "fitted_here": engine.startswith("ds-") and seq == 16, "neighbours_busy": m["neighbours"]})
     return rows
 
 
@@ -111,9 +116,12 @@ def projection(cal: dict[str, Any]) -> list[dict[str, Any]]:
         for model in MODELS:
             x = gpu_inputs(model, gpu, adamw, accum)
             off, zen = predict(x, "zero-offload"), predict(x, "zenflow-overlap", BLOCK)
+            x1 = gpu_inputs(model, gpu, adamw, accum, micro_batch=1)  # sensitivity: 8x fewer tokens per step
+            speedup_mb1 = predict(x1, "zero-offload").cycle_ms / predict(x1, "zenflow-overlap", BLOCK).cycle_ms
             rows.append({"gpu": gpu, "model": MODELS[model]["label"], "params_b": x.column_params / 1e9,
                          "fb_ms": x.fb_ms, "zero_offload_ms": off.cycle_ms, "zenflow_ms": zen.cycle_ms,
                          "speedup": off.cycle_ms / zen.cycle_ms, "stall_reduction": 1 - zen.stall_ms / off.stall_ms,
+                         "speedup_micro_batch_1": speedup_mb1,
                          "paper_speedup": PAPER[gpu][0], "paper_stall": PAPER[gpu][1]})
     return rows
 
@@ -127,21 +135,34 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
              r["runs"], _fmt(r["measured_cycle_ms"]), _fmt(r["predicted_cycle_ms"]), f"{r['error_pct']:+.1f}%",
              f"{_fmt(r['measured_accumulate_ms'])} / {_fmt(r['predicted_accumulate_ms'])}",
              f"{_fmt(r['measured_update_ms'])} / {_fmt(r['predicted_update_ms'])}",
-             f"{_fmt(r['measured_stall_ms'])} / {_fmt(r['predicted_stall_ms'])}"] for r in rows]
+             f"{_fmt(r['measured_stall_ms'])} / {_fmt(r['predicted_stall_ms'])}",
+             f"{100 * r['neighbours_busy']:.0f}%"] for r in rows]
     heads = ["seq", "host opt / compute (ref-offload)", "engine", "runs", "measured cycle ms", "predicted cycle ms",
-             "error", "accumulate ms meas / pred", "update ms meas / pred", "stall ms meas / pred"]
-    ours = [abs(r["error_pct"]) for r in rows if not r["engine"].startswith("ds-")]
-    theirs = [abs(r["error_pct"]) for r in rows if r["engine"].startswith("ds-") and not r["fitted_here"]]
+             "error", "accumulate ms meas / pred", "update ms meas / pred", "stall ms meas / pred",
+             "neighbour jobs running (worst run)"]
+    quiet = [r for r in rows if r["neighbours_busy"] < QUIET]
+    ours = [abs(r["error_pct"]) for r in quiet if not r["engine"].startswith("ds-")]
+    theirs = [abs(r["error_pct"]) for r in quiet if r["engine"].startswith("ds-") and not r["fitted_here"]]
+    offload_only = [abs(r["error_pct"]) for r in quiet if r["engine"] in ("ref-offload", "ref-zenflow")]
     text = "\n".join([
         f"# Cost model validation — {cal['hardware_id']} (cpu-scale, measured vs predicted)", "",
         f"Calibration: `calibration.json` (short training loops at seq {cal['calibration_seq_lens']}; "
         "no end-to-end run is used for our engines). Runs: seq 16 from `results/llama7b/`, others from "
         "`validation/seqN/`. ZenFlow block: topk 0.1, update interval 4, overlap.", "",
         tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), "",
-        f"- Our engines: max |error| {max(ours):.1f}%, median {statistics.median(ours):.1f}% over {len(ours)} points."
-        if ours else "- Our engines: no records.",
+        f"- Our engines, runs on a quiet machine (neighbour jobs < {100 * QUIET:.0f}% of the run): max |error| "
+        f"{max(ours):.1f}%, median {statistics.median(ours):.1f}% over {len(ours)} points." if ours
+        else "- Our engines: no run on a quiet machine.",
+        "- The same without no-offload (its calibration loop is contaminated, see below): max |error| "
+        + (f"{max(offload_only):.1f}%." if offload_only else "—"),
+        f"- Rows with neighbour jobs running measure the shared machine, not the engine (2-thread runs slow down "
+        f"several-fold when another job takes a core): {len(rows) - len(quiet)} of {len(rows)} rows.",
         f"- DeepSpeed engines (own constants fitted at seq 16, marked †; error at the other points): max |error| "
         f"{max(theirs):.1f}%, median {statistics.median(theirs):.1f}%." if theirs else "- DeepSpeed: no records.",
+        f"- The calibration itself ran with neighbour jobs during {100 * cal.get('neighbour_busy_fraction', 0):.0f}% "
+        "of it; a loop measured then is slow and every prediction from it is too (here: the no-offload loop, "
+        "forward+backward " + ", ".join(f"{v:.0f}" for v in cal["loops"]["no_offload_2t"]["forward_backward_ms"]
+                                        .values()) + " ms at seq 8, 32 against ≈55–65 ms on a quiet machine).",
         "- Why it misses where it misses: docs/cost-model.md (Validation)."])
     (out / "validation.md").write_text(text + "\n")
     _csv(rows, out / "validation.csv")
@@ -151,10 +172,12 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
 def write_projection(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any]) -> str:
     body = [[r["gpu"].upper(), r["model"], f"{r['params_b']:.2f}", _fmt(r["fb_ms"], ".0f"),
              _fmt(r["zero_offload_ms"], ".0f"), _fmt(r["zenflow_ms"], ".0f"), f"{r['speedup']:.2f}×",
-             f"−{100 * r['stall_reduction']:.0f}%", r["paper_speedup"], r["paper_stall"]] for r in rows]
-    heads = ["GPU", "model", "column params (B)", "fwd+bwd ms", "ZeRO-Offload ms (projected)",
+             f"−{100 * r['stall_reduction']:.0f}%", f"{r['speedup_micro_batch_1']:.2f}×", r["paper_speedup"],
+             r["paper_stall"]] for r in rows]
+    heads = ["GPU", "model", "column params per GPU (B; ZeRO-2 over 4 GPUs)", "fwd+bwd ms",
+             "ZeRO-Offload ms (projected)",
              "ZenFlow ms (projected)", "speedup (projected)", "stall reduction (projected)",
-             "paper Fig. 1 speedup", "paper Fig. 1 stall"]
+             "speedup at micro-batch 1 (projected)", "paper Fig. 1 speedup", "paper Fig. 1 stall"]
     adamw, accum = host_rates_per_core(cal)
     inputs = [f"- {k.upper()}: {g['label']}; {g['tflops']:.0f} TFLOP/s bf16 × MFU 0.40; HBM {g['hbm_gbps']:.0f} GB/s "
               f"× 0.7; link {g['link_gbps']:.0f} GB/s each way; {g['host_cores']} host cores and "
@@ -170,7 +193,8 @@ def write_projection(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
         f"{cal['hardware_id']} (torch fused AdamW, one core); × cores, capped by host memory bandwidth at "
         "30 and 10 bytes per element.",
         "- Models: parameter counts from each model's Hugging Face config.json (zenflow/harness/presets.py).",
-        "- Paper values: ranges over the models of its Figure 1 (arXiv 2505.12242), not per model."])
+        "- Paper values: Figure 1 of arXiv 2505.12242 (Llama-2-7B; ranges as quoted in issue 6), repeated beside "
+        "every model for comparison; nothing here is fitted to them."])
     (out / "projection.md").write_text(text + "\n")
     _csv(rows, out / "projection.csv")
     return text
@@ -236,19 +260,57 @@ def projection_figure(proj: list[dict[str, Any]], out: Path) -> None:
     plt.close(fig)
 
 
+def run_validation(folder: Path, engines: list[str], repeats: int, seqs: tuple[int, ...] = EXTRA_SEQS,
+                   max_wait_s: float = 90) -> None:
+    """The cpu-scale runs at seq 4 and 64, one fresh subprocess each (the harness runner), each started when no
+    neighbour's heavy job runs (waits up to max_wait_s); the record notes whether a neighbour ran meanwhile."""
+    import threading
+    import time
+
+    from zenflow.harness.calibrate import _neighbours, _watch
+    from zenflow.harness.engines import deepspeed_config
+    from zenflow.harness.runner import RunSpec, run_in_subprocess
+
+    block = {"topk_ratio": BLOCK.topk_ratio, "update_interval": BLOCK.update_interval, "full_warm_up_rounds": 0,
+             "overlap_step": True, "select_strategy": "step", "select_interval": 64}
+    for rep in range(repeats):
+        for seq in seqs:
+            for engine in engines:
+                deadline = time.time() + max_wait_s
+                while _neighbours() and time.time() < deadline:
+                    time.sleep(2)
+                seen, done = [], threading.Event()
+                watcher = threading.Thread(target=_watch, args=(seen, done), daemon=True)
+                watcher.start()
+                cfg = deepspeed_config(engine, block, "bf16", 1, lr=2e-5, weight_decay=0.01, clipping=1.0, cuda=False)
+                spec = RunSpec(engine=engine, label="costmodel-validation", ds_config=cfg,
+                               workload={"model": "cpu-scale", "dtype": "bf16", "seq_len": seq, "micro_batch": 1},
+                               extra={"repeat": rep}, progress=False)
+                record = run_in_subprocess(spec, folder / f"seq{seq}" / f"{engine}-r{rep}.json")
+                done.set()
+                watcher.join()
+                busy = sum(1 for n in seen if n) / max(1, len(seen))
+                record.protocol["neighbour_busy_fraction"] = busy
+                record.write(folder / f"seq{seq}" / f"{engine}-r{rep}.json")
+                print(f"seq {seq} {engine} r{rep}: {record.status} {record.summary.get('cycle_mean_ms') or 0:.1f} ms"
+                      f" (neighbours busy {100 * busy:.0f}% of the run)", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from zenflow.telemetry.environment import capture_environment
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-calibrate", action="store_true", help="reuse the committed calibration record")
     ap.add_argument("--run-validation", action="store_true", help="rerun the seq 4 / 64 cpu-scale runs first")
+    ap.add_argument("--engines", nargs="+", default=["no-offload", "ref-offload", "ref-zenflow", "ds-zero-offload",
+                                                     "ds-zenflow"], help="engines of --run-validation")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per engine and sequence (--run-validation)")
+    ap.add_argument("--seqs", type=int, nargs="+", default=list(EXTRA_SEQS), help="sequences (--run-validation)")
     args = ap.parse_args(argv)
     hw = capture_environment()["hardware_id"]
     out = ROOT / "results" / "costmodel" / hw
     if args.run_validation:
-        for s in EXTRA_SEQS:
-            subprocess.run([sys.executable, str(ROOT / "reproduce" / "llama7b.py"), "--seq-len", str(s),
-                            "--no-overhead-check", "--out", str(out / "validation" / f"seq{s}")], check=True)
+        run_validation(out / "validation", args.engines, args.repeats, tuple(args.seqs))
     if not args.no_calibrate or not (out / "calibration.json").exists():
         subprocess.run([sys.executable, "-m", "zenflow.harness.calibrate"], check=True)
     cal = load_calibration(out / "calibration.json", hw)

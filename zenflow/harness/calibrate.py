@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -135,7 +137,6 @@ def _contention(model: torch.nn.Module, w: Any, repeats: int) -> dict[str, float
     the other core, and of host AdamW while forward+backward runs; 1.0 = no contention. Alone and together are
     interleaved round by round and the ratio is the median of per-round ratios, so a neighbour's load on a shared
     machine hits both sides of each ratio alike."""
-    import os
 
     from zenflow.adam import AdamWHyper, adamw_
 
@@ -196,6 +197,21 @@ def _contention(model: torch.nn.Module, w: Any, repeats: int) -> dict[str, float
             "adamw_elements": n}
 
 
+def _neighbours() -> int:
+    """Other heavy jobs on this shared machine (training runs, benchmarks, compilers), not ours."""
+    mine = {os.getpid(), os.getppid()}
+    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout.splitlines()[1:]
+    busy = ("harness.runner", "harness.stepper", "cc1plus", "pytest", "reproduce/")
+    return sum(1 for line in out if any(b in line for b in busy) and int(line.split()[0]) not in mine
+               and int(line.split()[1]) not in mine)
+
+
+def _watch(seen: list[int], done: Any) -> None:
+    while not done.is_set():
+        seen.append(_neighbours())
+        done.wait(2)
+
+
 def main(argv: list[str] | None = None) -> int:
     from zenflow.telemetry.environment import capture_environment
 
@@ -203,9 +219,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="default: results/costmodel/<hardware-id>/calibration.json")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="a tiny model (tests only; not a calibration)")
+    ap.add_argument("--wait-quiet", type=float, default=180, help="wait up to this many seconds until no other "
+                    "heavy job (training run, benchmark, compiler) runs on this machine")
     args = ap.parse_args(argv)
+    deadline = time.time() + args.wait_quiet
+    while _neighbours() and time.time() < deadline:
+        time.sleep(1)
+    seen, done = [], threading.Event()
+    watcher = threading.Thread(target=_watch, args=(seen, done), daemon=True)
+    watcher.start()
     out = args.out or ROOT / "results" / "costmodel" / capture_environment()["hardware_id"] / "calibration.json"
     record = calibrate(repeats=args.repeats, shape=SMOKE_SHAPE if args.smoke else None)
+    done.set()
+    watcher.join()
+    record["neighbour_busy_fraction"] = sum(1 for n in seen if n) / max(1, len(seen))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(f"wrote {out}")
