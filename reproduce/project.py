@@ -222,17 +222,21 @@ def validation_figure(val: list[dict[str, Any]], out: Path, hw: str) -> None:
     markers, colors = {4: "o", 16: "s", 64: "^"}, {}
     for r in val:
         c = colors.setdefault(r["engine"], f"C{len(colors)}")
-        ax.scatter(r["measured_cycle_ms"], r["predicted_cycle_ms"], color=c, marker=markers.get(r["seq"], "D"),
-                   s=55, edgecolor="black" if r["fitted_here"] else "none")
-    top = max(max(r["measured_cycle_ms"], r["predicted_cycle_ms"]) for r in val) * 1.1
-    ax.plot([0, top], [0, top], "k-", lw=0.8)
-    ax.fill_between([0, top], [0, 0.85 * top], [0, 1.15 * top], color="grey", alpha=0.15, label="±15%")
+        busy = r["neighbours_busy"] >= QUIET  # hollow: a neighbour's job ran during the measurement
+        ax.scatter(r["measured_cycle_ms"], r["predicted_cycle_ms"], marker=markers.get(r["seq"], "D"), s=55,
+                   facecolor="none" if busy else c, edgecolor=c if busy else ("black" if r["fitted_here"] else c))
+    top = max(max(r["measured_cycle_ms"], r["predicted_cycle_ms"]) for r in val) * 1.3
+    low = min(min(r["measured_cycle_ms"], r["predicted_cycle_ms"]) for r in val) / 1.3
+    ax.plot([low, top], [low, top], "k-", lw=0.8)
+    ax.fill_between([low, top], [0.85 * low, 0.85 * top], [1.15 * low, 1.15 * top], color="grey", alpha=0.15,
+                    label="±15%")
     for e, c in colors.items():
         ax.scatter([], [], color=c, label=e)
     for s, mk in markers.items():
         ax.scatter([], [], color="grey", marker=mk, label=f"seq {s}")
-    ax.set(xlabel="measured cycle mean, ms", ylabel="predicted cycle mean, ms", xlim=(0, top), ylim=(0, top),
-           title=f"Cost model: predicted vs measured (cpu-scale, {hw})\nblack edge: DeepSpeed constants fitted there")
+    ax.set(xlabel="measured cycle mean, ms", ylabel="predicted cycle mean, ms", xlim=(low, top), ylim=(low, top),
+           xscale="log", yscale="log", title=f"Cost model vs measured, cpu-scale ({hw})\nhollow: neighbour jobs "
+           "ran during the run; black edge: DeepSpeed constants fitted there")
     ax.legend(fontsize=7, frameon=False, loc="upper left")
     fig.tight_layout()
     fig.savefig(out / "validation.png", dpi=130)

@@ -217,5 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # run the importable module's main, so its error class is the one presets raises
+    from zenflow.harness.costmodel import main as _main
+
+    sys.exit(_main())
