@@ -217,6 +217,8 @@ def _plt() -> Any:
 
 
 def validation_figure(val: list[dict[str, Any]], out: Path, hw: str) -> None:
+    import matplotlib.ticker  # noqa: F401 (matplotlib.ticker below)
+
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.2, 5.2))
     markers, colors = {4: "o", 16: "s", 64: "^"}, {}
@@ -235,8 +237,10 @@ def validation_figure(val: list[dict[str, Any]], out: Path, hw: str) -> None:
     for s, mk in markers.items():
         ax.scatter([], [], color="grey", marker=mk, label=f"seq {s}")
     ax.set(xlabel="measured cycle mean, ms", ylabel="predicted cycle mean, ms", xlim=(low, top), ylim=(low, top),
-           xscale="log", yscale="log", title=f"Cost model vs measured, cpu-scale ({hw})\nhollow: neighbour jobs "
-           "ran during the run; black edge: DeepSpeed constants fitted there")
+           xscale="log", yscale="log")
+    ax.set_title(f"Cost model vs measured, cpu-scale ({hw})\nhollow: neighbour jobs ran during the run;\n"
+                 "black edge: DeepSpeed constants fitted there", fontsize=9)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=7, frameon=False, loc="upper left")
     fig.tight_layout()
     fig.savefig(out / "validation.png", dpi=130)
