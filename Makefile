@@ -47,7 +47,7 @@ reproduce-llama7b: install
 project: install
 	$(PY) reproduce/project.py $(ARGS)
 
-# GLUE parity: MiniLM on SST-2/MRPC/RTE, five engines, three seeds (≈60 min here); MODEL= any HF checkpoint.
+# GLUE parity: MiniLM on SST-2 and MRPC, five engines, three seeds (≈42 min on a quiet 2-core machine; docs/glue.md).
 reproduce-glue: install
 	$(PY) reproduce/glue.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
 

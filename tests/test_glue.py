@@ -11,7 +11,7 @@ import pytest
 
 from zenflow.harness.glue import SHARED_GLUE, GlueError, compute_metrics, get_task, load_split, read_tsv, task_score
 from zenflow.harness.glue_report import speedups, summarize, verdict_lines
-from zenflow.harness.glue_run import check_model, default_model
+from zenflow.harness.glue_run import check_model, default_model, subsample
 from zenflow.harness.records import RunRecord
 from zenflow.harness.workloads import WorkloadError
 
@@ -194,10 +194,10 @@ def test_a_model_whose_weights_are_corrupt_fails_in_the_child_without_leaving_a_
 
 
 # ---- the report ------------------------------------------------------------------------------------------------
-def fake(engine: str, task: str, seed: int, score: float, step_ms: float) -> RunRecord:
+def fake(engine: str, task: str, seed: int, score: float, step_ms: float, majority: float = 50.0) -> RunRecord:
     steps = [{"kind": "warmup", "period_ms": 1e6}] + [{"kind": "update", "period_ms": step_ms}] * 10
     return RunRecord(engine=engine, workload={"kind": "glue", "seed": seed}, steps=steps,
-                     metrics={"task": task, "score": score})
+                     metrics={"task": task, "score": score, "majority_score": majority})
 
 
 def test_parity_average_and_speedup_from_records():
@@ -214,7 +214,18 @@ def test_parity_average_and_speedup_from_records():
     lines = "\n".join(verdict_lines(list(rows.values())))
     assert "Parity DOES NOT HOLD on MRPC, ours: ZenFlow is 4.90 points below" in lines
     speed = speedups(records)["ours"]
-    assert speed["pairs"] == 6 and speed["speedup"] == pytest.approx(6 * 2000 / (3 * 1000 + 3 * 500))
+    assert speed["pairs"] == 6 and speed["speedup"] == pytest.approx(3.0)  # median of 2, 2, 2, 4, 4, 4
+    assert speed["offload_s"] == pytest.approx(12.0) and speed["zenflow_s"] == pytest.approx(4.5)
+
+
+def test_parity_at_the_majority_class_score_is_called_uninformative():
+    records = [fake(e, "MRPC", s, 74.8, 100.0, majority=74.8) for e in ("ds-zenflow", "ds-zero-offload")
+               for s in (0, 1, 2)]
+    rows = summarize(records)
+    assert rows[0]["majority"] == pytest.approx(74.8)
+    assert "Both engines are at the majority-class score" in "\n".join(verdict_lines(rows))
+    rows = summarize([fake(e, "MRPC", 0, 80.0, 100.0, majority=74.8) for e in ("ds-zenflow", "ds-zero-offload")])
+    assert "majority-class" not in "\n".join(verdict_lines(rows))
 
 
 # ---- end to end: a tiny fine-tuning through two engines --------------------------------------------------------
@@ -232,6 +243,9 @@ def test_tiny_end_to_end_run_through_two_engines_writes_valid_records_table_and_
         assert r.workload["eval_size"] == {"dev": 40}
         assert r.metrics["steps"] == 6 and len(r.steps) == 6 and r.protocol["timed_steps"] == 5
         assert 0.0 <= r.metrics["accuracy"] <= 1.0 and r.metrics["score"] == pytest.approx(100 * r.metrics["accuracy"])
+        dev = subsample(load_split("SST-2", "dev"), 40, seed=0)
+        majority = 100 * max(dev.labels.count(0), dev.labels.count(1)) / 40
+        assert r.metrics["majority_score"] in (majority, 100 - majority)  # always the training subset's top class
         assert r.model["parameters"] == 22713986  # MiniLM-L6 + a 2-class head
         json.dumps(r.to_dict())
     zen, ref = records["SST-2-ref-zenflow-s0.json"], records["SST-2-no-offload-s0.json"]

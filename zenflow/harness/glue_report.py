@@ -4,8 +4,9 @@ parity verdict, an average row, the measured speedup, and the figure (the paper'
 Parity (per task and for the average): ZenFlow's mean score is within max(1.0 point, 2 × the seed standard
 deviation) of ZeRO-Offload's, where the standard deviation is the larger of the two engines' sample standard
 deviations over seeds. It is checked for both families: DeepSpeed (ds-zenflow vs ds-zero-offload) and ours
-(ref-zenflow vs ref-offload). Speedup: ZeRO-Offload's summed timed training-step time over ZenFlow's, over the
-(task, seed) runs both engines completed.
+(ref-zenflow vs ref-offload). Speedup: the median, over the (task, seed) runs both engines completed, of
+ZeRO-Offload's timed training time over ZenFlow's (same steps, same batches; the median keeps one run slowed by a
+neighbour's load from deciding it).
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ def summarize(records: list[RunRecord]) -> list[dict[str, Any]]:
     rows = []
     for task in order:
         engines = {e: _stats([by_task[task][e][s] for s in sorted(by_task[task][e])]) for e in by_task[task]}
-        rows.append({"task": task, "metric": metric_name(get_task(task)), "engines": engines})
+        base = [r.metrics["majority_score"] for r in records if r.status == "ok" and r.metrics.get("task") == task
+                and r.metrics.get("majority_score") is not None]
+        rows.append({"task": task, "metric": metric_name(get_task(task)), "engines": engines,
+                     "majority": statistics.fmean(base) if base else None})
     if len(rows) > 1:
         average: dict[str, Any] = {}
         for engine in {e for row in rows for e in row["engines"]}:
@@ -64,7 +68,9 @@ def summarize(records: list[RunRecord]) -> list[dict[str, Any]]:
                 if seeds:
                     average[engine] = _stats([statistics.fmean(by_task[t][engine][s] for t in order)
                                               for s in sorted(seeds)])
-        rows.append({"task": AVERAGE, "metric": "mean of task scores", "engines": average})
+        majority = [r["majority"] for r in rows]
+        rows.append({"task": AVERAGE, "metric": "mean of task scores", "engines": average,
+                     "majority": statistics.fmean(majority) if None not in majority else None})
     for row in rows:
         row["parity"] = {f: parity(row["engines"].get(z), row["engines"].get(o)) for f, (z, o) in FAMILIES.items()}
     return rows
@@ -79,8 +85,9 @@ def speedups(records: list[RunRecord]) -> dict[str, dict[str, Any] | None]:
     for family, (zen, off) in FAMILIES.items():
         pairs = [(runs[k], runs[(off, *k[1:])]) for k in runs if k[0] == zen and (off, *k[1:]) in runs]
         z, o = sum(train_ms(p[0]) for p in pairs), sum(train_ms(p[1]) for p in pairs)
-        out[family] = {"speedup": o / z, "pairs": len(pairs), "zenflow_s": z / 1e3, "offload_s": o / 1e3} \
-            if pairs and z > 0 else None
+        ratios = [train_ms(b) / train_ms(a) for a, b in pairs if train_ms(a) > 0]
+        out[family] = {"speedup": statistics.median(ratios), "pairs": len(pairs), "zenflow_s": z / 1e3,
+                       "offload_s": o / 1e3} if ratios else None
     return out
 
 
@@ -97,20 +104,21 @@ def _verdict(p: dict[str, Any] | None) -> str:
 
 def markdown(rows: list[dict[str, Any]], speed: dict[str, Any]) -> list[str]:
     engines = [e for e in ENGINE_ORDER if any(e in r["engines"] for r in rows)]
-    headers = ["task", "metric", *engines, *(f"ZenFlow − ZeRO-Offload ({f})" for f in FAMILIES),
+    headers = ["task", "metric", "majority class", *engines, *(f"ZenFlow − ZeRO-Offload ({f})" for f in FAMILIES),
                *(f"parity ({f})" for f in FAMILIES)]
     body = []
     for r in rows:
         diffs = [("—" if r["parity"][f] is None else f"{r['parity'][f]['diff']:+.1f}") for f in FAMILIES]
         name = "**average**" if r["task"] == AVERAGE else r["task"]
-        body.append([name, r["metric"], *(_cell(r["engines"].get(e)) for e in engines), *diffs,
+        majority = "—" if r.get("majority") is None else f"{r['majority']:.1f}"
+        body.append([name, r["metric"], majority, *(_cell(r["engines"].get(e)) for e in engines), *diffs,
                      *(_verdict(r["parity"][f]) for f in FAMILIES)])
     lines = [tabulate(body, headers=headers, tablefmt="github", disable_numparse=True), ""]
     for family, s in speed.items():
         zen, off = FAMILIES[family]
         lines.append(f"- Speedup of ZenFlow over ZeRO-Offload, {family} ({zen} vs {off}): " + (
-            f"**{s['speedup']:.2f}×** ({s['offload_s']:.1f} s vs {s['zenflow_s']:.1f} s of timed training steps, "
-            f"{s['pairs']} task × seed pairs)" if s else "not measured (no paired runs)"))
+            f"**{s['speedup']:.2f}×** (median over {s['pairs']} task × seed pairs of the timed training time ratio; "
+            f"totals {s['offload_s']:.1f} s vs {s['zenflow_s']:.1f} s)" if s else "not measured (no paired runs)"))
     return lines + verdict_lines(rows)
 
 
@@ -125,8 +133,12 @@ def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
             side = "above" if p["diff"] >= 0 else "below"
             text = (f"ZenFlow is {abs(p['diff']):.2f} points {side} ZeRO-Offload (tolerance {p['tolerance']:.2f}, "
                     f"{p['seeds']} seeds)")
+            engines, majority = r["engines"], r.get("majority")
+            flat = majority is not None and all(abs(engines[e]["mean"] - majority) < 0.5 for e in FAMILIES[family])
             lines.append(f"- Parity {'holds' if p['holds'] else 'DOES NOT HOLD'} on {where}, {family}: {text}"
-                         + ("" if p["holds"] else " — ZenFlow did not match ZeRO-Offload here."))
+                         + ("" if p["holds"] else " — ZenFlow did not match ZeRO-Offload here.")
+                         + (" Both engines are at the majority-class score: they learned nothing at this budget, so "
+                            "this says nothing about parity." if flat else ""))
     return lines
 
 
@@ -170,6 +182,11 @@ def figure(rows: list[dict[str, Any]], speed: dict[str, Any], path: Path, title:
     fig, ax = plt.subplots(figsize=(1.3 * len(engines) + 2.5, 4.4))
     ax.bar(engines, means, yerr=stds, capsize=4, color=[colors.get(e, "#999999") for e in engines])
     low, high = min(m - s for m, s in zip(means, stds)), max(m + s for m, s in zip(means, stds))
+    majority = rows[-1].get("majority")
+    if majority is not None:
+        ax.axhline(majority / 100, color="black", linestyle="--", linewidth=1, label="majority class (learned nothing)")
+        ax.legend(fontsize=8, loc="upper right", frameon=False)
+        low, high = min(low, majority / 100), max(high, majority / 100)
     pad = max(0.02, (high - low) * 0.5)
     for i, e in enumerate(engines):
         note = f"{means[i]:.3f}"

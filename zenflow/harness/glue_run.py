@@ -115,6 +115,15 @@ def evaluate(model: torch.nn.Module, tokenizer: Any, task: Task, data: Examples,
     return compute_metrics(task, [predictions[i] for i in range(len(data))], data.labels)
 
 
+def majority_score(task: Task, train: Examples, devs: dict[str, Examples]) -> float | None:
+    """The score of always predicting the training subset's most frequent class (None for regression): what a
+    model that learned nothing gets."""
+    if task.labels is None:
+        return None
+    top = max(set(train.labels), key=train.labels.count)
+    return task_score({s: compute_metrics(task, [top] * len(d), d.labels) for s, d in devs.items()})
+
+
 def subsample(data: Examples, n: int | None, seed: int) -> Examples:
     if n is None or n >= len(data):
         return data
@@ -188,7 +197,8 @@ def execute_glue(spec: Any) -> Any:
     record.metrics = {"task": task.name, "score": task_score(by_split), **by_split[task.dev_splits[0]],
                       "by_split": by_split, "final_loss": record.summary["final_loss"], "steps": len(plan),
                       "train_seconds": train_seconds, "eval_seconds": time.perf_counter() - eval_start,
-                      "child_seconds": time.perf_counter() - started}
+                      "child_seconds": time.perf_counter() - started,
+                      "majority_score": majority_score(task, train, devs)}
     if engine.transfer_bytes() is None:
         record.warnings.append(f"{spec.engine}: bytes not measured (no counters inside the engine)")
     return record
