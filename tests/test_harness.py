@@ -139,3 +139,13 @@ def test_reproduce_llama7b_smoke_runs_every_engine_and_writes_table_and_figure(t
     text = (tmp_path / "table.md").read_text()
     for engine in ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload"):
         assert f"| {engine}" in text
+    # Building an engine must not change the model's weights. DeepSpeed 0.19.8's ZenFlow stage 1/2 does
+    # (divergence G: every weight re-viewed untransposed), and the record says so.
+    changed = {}
+    for path in tmp_path.glob("*.json"):
+        record = RunRecord.read(path)
+        changed[record.engine] = record.protocol["weights_changed_at_init"]
+        assert bool(record.protocol["weights_changed_at_init"]) == any("changed the values" in w
+                                                                      for w in record.warnings)
+    assert changed.pop("ds-zenflow") > 0
+    assert set(changed.values()) == {0}

@@ -58,6 +58,7 @@ class Engine:
     """train_step(batch) -> loss; the timeline gets forward+backward and optimizer times and the step kind."""
 
     name: str
+    weights_changed_at_init: list[str]  # set by make_engine
     stall_includes_io = False  # DeepSpeed's step cannot be split into copies and CPU Adam from outside
 
     def __init__(self, name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
@@ -166,8 +167,33 @@ class DeepSpeedEngine(Engine):
 
 def make_engine(name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
                 telemetry: bool = True) -> Engine:
+    """Build the engine, and record in `engine.weights_changed_at_init` the parameters whose values the engine's
+    construction changed (beyond the cast to the training dtype). It should be empty: a non-empty list means the
+    model trains from other weights than the ones it was given (DeepSpeed 0.19.8 ZenFlow stage 1/2: divergence G)."""
     kind = DeepSpeedEngine if name.startswith("ds-") else TorchEngine
-    return kind(name, model, ds_config, timeline, telemetry)
+    before = _weight_fingerprints(model)
+    engine = kind(name, model, ds_config, timeline, telemetry)
+    after = _weight_fingerprints(model)
+    engine.weights_changed_at_init = [n for n, v in before.items()
+                                      if n in after and not torch.equal(v.to(after[n].dtype), after[n])]
+    return engine
+
+
+def init_warnings(engine: Engine) -> list[str]:
+    changed = engine.weights_changed_at_init
+    if not changed:
+        return []
+    return [f"{engine.name}: building the engine changed the values of {len(changed)} parameters (e.g. "
+            f"{', '.join(changed[:3])}): the model trains from other weights than it was given"]
+
+
+def _weight_fingerprints(model: torch.nn.Module, samples: int = 1024) -> dict[str, torch.Tensor]:
+    """About `samples` evenly strided elements of every parameter, copied to the host (cheap even for 7B)."""
+    out = {}
+    for name, p in model.named_parameters():
+        flat = p.detach().reshape(-1)
+        out[name] = flat[:: max(1, flat.numel() // samples)].to("cpu", copy=True)
+    return out
 
 
 def _model_inputs(batch: torch.Tensor | dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

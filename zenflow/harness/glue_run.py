@@ -135,7 +135,7 @@ def execute_glue(spec: Any) -> Any:
     from tqdm import tqdm
     from transformers import set_seed
 
-    from zenflow.harness.engines import make_engine
+    from zenflow.harness.engines import init_warnings, make_engine
     from zenflow.harness.records import RunRecord, summarize_steps
     from zenflow.harness.runner import _environment, _model_facts, _step_row
     from zenflow.telemetry.timeline import StepTimeline
@@ -164,7 +164,9 @@ def execute_glue(spec: Any) -> Any:
     record.protocol = {"warmup_steps": warmup, "timed_steps": len(plan) - warmup, "cycle": spec.cycle,
                        "threads": torch.get_num_threads(), "telemetry": spec.telemetry, "epochs": w["epochs"],
                        "steps_per_epoch": len(plan) // w["epochs"], "stall_includes_io": engine.stall_includes_io,
+                       "weights_changed_at_init": len(engine.weights_changed_at_init),
                        **spec.extra}
+    record.warnings += init_warnings(engine)
     train_start, closed = time.perf_counter(), False
     try:
         bar = tqdm(plan, desc=f"{task.name} {spec.engine} seed {w['seed']}", disable=not spec.progress,

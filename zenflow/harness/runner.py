@@ -110,7 +110,7 @@ def execute(spec: RunSpec) -> RunRecord:
     import torch
     from tqdm import tqdm
 
-    from zenflow.harness.engines import make_engine
+    from zenflow.harness.engines import init_warnings, make_engine
     from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
     from zenflow.telemetry.nvml import NvmlSampler
     from zenflow.telemetry.timeline import StepTimeline
@@ -129,7 +129,9 @@ def execute(spec: RunSpec) -> RunRecord:
     timed = -(-spec.timed_steps // cycle) * cycle  # whole update cycles
     record.protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": timed, "cycle": cycle,
                        "threads": torch.get_num_threads(), "telemetry": spec.telemetry,
-                       "stall_includes_io": engine.stall_includes_io, **spec.extra}
+                       "stall_includes_io": engine.stall_includes_io,
+                       "weights_changed_at_init": len(engine.weights_changed_at_init), **spec.extra}
+    record.warnings += init_warnings(engine)
     total = spec.warmup_steps + timed
     sampler = NvmlSampler()  # a background thread on a GPU host; records why it is absent otherwise
     sampling = False
