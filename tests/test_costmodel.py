@@ -172,3 +172,13 @@ def test_validation_table_regenerates_from_committed_records(folder: Path | None
     for r, c in zip(rows, committed):
         assert r["predicted_cycle_ms"] == pytest.approx(float(c["predicted_cycle_ms"]), rel=1e-9)
         assert r["measured_cycle_ms"] == pytest.approx(float(c["measured_cycle_ms"]), rel=1e-9)
+
+
+def test_forward_backward_is_piecewise_linear_through_the_calibrated_points():
+    cal = {"loops": {"loop": {"forward_backward_ms": {"32": 60.0, "8": 50.0, "128": 120.0}}}}
+    fb_ms = presets.fb_ms
+    assert [fb_ms(cal, "loop", t) for t in (8, 32, 128)] == pytest.approx([50.0, 60.0, 120.0])
+    assert fb_ms(cal, "loop", 20) == pytest.approx(55.0)     # inside the first segment
+    assert fb_ms(cal, "loop", 80) == pytest.approx(90.0)     # inside the second
+    assert fb_ms(cal, "loop", 4) == pytest.approx(48.333, rel=1e-4)  # below: the first segment extended
+    assert fb_ms(cal, "loop", 512) == pytest.approx(360.0)  # above: the last segment extended

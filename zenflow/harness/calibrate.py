@@ -2,12 +2,12 @@
 
 Each constant is measured alone, outside any end-to-end run, on the machine at hand:
 
-- short training loops of the workload at two sequence lengths (8 and 32; the validation runs use 4, 16, 64),
-  forward+backward timed alone (fit: fixed + per-token time), with each optimizer in the layout it runs in:
-  plain fused `torch.optim.AdamW` on 2 threads (no-offload); `ZenFlowAdamW` synchronous, topk 0 on 2 threads
-  (ZeRO-Offload) and topk 0.1 / topk 0 on 1 thread (the overlap layout's per-core rates). The optimizer's
-  blocking sections give gradient copy / gather to the host, host fp32 accumulation, host AdamW, parameter copy /
-  scatter back; the rest of the step is clipping norm + device update;
+- short training loops of the workload at three sequence lengths (8, 32, 128; the validation runs use 4, 16, 64,
+  256, 512), forward+backward timed alone (piecewise linear: fixed + per-token time), with each optimizer in the
+  layout it runs in: plain fused `torch.optim.AdamW` on 2 threads (no-offload); `ZenFlowAdamW` synchronous, topk 0
+  on 2 threads (ZeRO-Offload) and topk 0.1 / topk 0 on 1 thread (the overlap layout's per-core rates). The
+  optimizer's blocking sections give gradient copy / gather to the host, host fp32 accumulation, host AdamW,
+  parameter copy / scatter back; the rest of the step is clipping norm + device update;
 - contention: forward+backward on one core while the other core runs host AdamW, against each alone.
 
     python -m zenflow.harness.calibrate [--out results/costmodel/<hardware-id>/calibration.json]
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-CAL_SEQS = (8, 32)  # calibration points; validation runs use other sequence lengths (4, 16, 64)
+CAL_SEQS = (8, 32, 128)  # calibration points; validation runs use other sequence lengths (4, 16, 64, 256, 512)
 SCHEMA = "costmodel-calibration/1"
 SMOKE_SHAPE = {"hidden": 64, "layers": 2, "intermediate": 128, "heads": 4}
 

@@ -83,9 +83,11 @@ def load_calibration(path: str | Path, expect_hardware_id: str | None = "this ma
 
 
 def fb_ms(cal: dict[str, Any], loop: str, tokens: float) -> float:
-    """Forward+backward: a line through the two calibrated sequence lengths (fixed + per-token time)."""
+    """Forward+backward: piecewise linear through the calibrated sequence lengths, extended beyond them by the
+    nearest segment (fixed + per-token time; attention makes the per-token time grow with the sequence)."""
     points = sorted((int(s), ms) for s, ms in cal["loops"][loop]["forward_backward_ms"].items())
-    (s0, t0), (s1, t1) = points[0], points[-1]
+    segment = next((i for i in range(1, len(points) - 1) if tokens <= points[i][0]), len(points) - 1)
+    (s0, t0), (s1, t1) = points[segment - 1], points[segment]
     return max(1e-3, t0 + (t1 - t0) / (s1 - s0) * (tokens - s0))
 
 
