@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup-steps", type=int, default=4, help="training steps left out of the step-time stats")
     ap.add_argument("--out", type=Path, default=None, help="default: results/glue/<hardware-id>")
     ap.add_argument("--resume", action="store_true", help="keep ok records of the same run already in --out")
+    ap.add_argument("--ds-repair-weight-view", action="store_true",
+                    help="diagnosis: DeepSpeed's ZenFlow with its weight view repaired (divergence G, docs/glue.md); "
+                    "default --out gets a ds-weight-view-repaired/ subfolder")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     return ap.parse_args(argv)
 
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, without its warning
     env = capture_environment()
-    out = args.out or ROOT / "results" / "glue" / env["hardware_id"]
+    out = args.out or ROOT / "results" / "glue" / env["hardware_id"] / (
+        "ds-weight-view-repaired" if args.ds_repair_weight_view else "")
     if args.report_only:
         report(read_records(out), out, env)
         return 0
@@ -132,8 +136,11 @@ def run_plan(args: argparse.Namespace, plan: list, out: Path, tasks_model: tuple
                     "seed": seed, "data_seed": 0}
         cfg = deepspeed_config(engine, ZENFLOW_BLOCK, args.dtype, args.micro_batch, lr=args.lr, weight_decay=0.01,
                                clipping=1.0, cuda=torch.cuda.is_available())
+        extra = {"seed": seed}
+        if args.ds_repair_weight_view and engine == "ds-zenflow":
+            extra["ds_repair_weight_view"] = True
         spec = RunSpec(engine=engine, label=f"glue/{task}", workload=workload, ds_config=cfg,
-                       warmup_steps=args.warmup_steps, timed_steps=0, progress=False, extra={"seed": seed})
+                       warmup_steps=args.warmup_steps, timed_steps=0, progress=False, extra=extra)
         path = out / f"{task}-{engine}-s{seed}.json"
         if args.resume and _same_run(path, spec):
             records.append(RunRecord.read(path))
@@ -184,7 +191,10 @@ def describe_runs(ok: list[RunRecord]) -> tuple[list[str], str]:
             + "; ".join(f"{t} {n} of {of}, {d}" for t, n, of, d in sizes) + ".",
             f"ZenFlow block: {block}. Scores in points (0–100): mean ± sample std over seeds "
             f"{sorted({r.workload.get('seed') for r in ok})}. Parity: |ZenFlow − ZeRO-Offload| ≤ max(1.0, 2 × the "
-            "larger seed std).", ""], name
+            "larger seed std)."] + (
+            ["**Diagnostic run: ds-zenflow ran with DeepSpeed 0.19.8's weight view repaired (divergence G, "
+             "zenflow/harness/ds_divergences.py); it is not DeepSpeed as shipped.**"]
+            if any(r.protocol.get("ds_repair_weight_view") for r in ok) else []) + [""], name
 
 
 def report(records: list[RunRecord], out: Path, env: dict) -> str:
@@ -193,7 +203,7 @@ def report(records: list[RunRecord], out: Path, env: dict) -> str:
     label = hardware_label(env)
     settings, model_name = describe_runs(ok)
     text = [f"# GLUE parity — {label}", "", *settings]
-    text += markdown(rows, speed) if rows else ["no successful runs"]
+    text += markdown(rows, speed, ok) if rows else ["no successful runs"]
     failed = [f"{r.label} {r.engine} seed {r.workload.get('seed')}" for r in records if r.status != "ok"]
     if failed:
         text.append(f"- FAILED runs (see their records): {', '.join(failed)}")

@@ -160,25 +160,10 @@ def _ds_main(src: str, dst: str) -> None:
 
 
 def _repair_weight_layout() -> None:
-    """Make each 2-D module weight the *transposed* view of DeepSpeed's flat buffer (divergence G).
+    """Divergence G: see zenflow/harness/ds_divergences.py (the same repair the GLUE diagnostic run can use)."""
+    from zenflow.harness.ds_divergences import repair_zenflow_weight_view
 
-    ZenFlow stage 1/2 flattens every weight transposed (`[in, out]`, so a column is contiguous) and lays gradients
-    out the same way, but 0.19.8 re-views the flat buffer as `[out, in]` without transposing it. The wrapper keeps
-    the original method and only re-views each 2-D weight it produced; DeepSpeed's arithmetic is untouched.
-    """
-    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-
-    original = DeepSpeedZeroOptimizer._update_model_bit16_weights
-
-    def transposed_views(self, group_index):
-        original(self, group_index)
-        if getattr(self, "zenflow", False):
-            for p in self.bit16_groups[group_index]:
-                if p.dim() == 2:
-                    out, inp = p.shape
-                    p.data = p.data.view(inp, out).t()
-
-    DeepSpeedZeroOptimizer._update_model_bit16_weights = transposed_views
+    repair_zenflow_weight_view()
 
 
 def _selected(p: torch.Tensor) -> torch.Tensor | None:

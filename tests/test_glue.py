@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from zenflow.harness.glue import SHARED_GLUE, GlueError, compute_metrics, get_task, load_split, read_tsv, task_score
-from zenflow.harness.glue_report import speedups, summarize, verdict_lines
+from zenflow.harness.glue_report import init_warning_lines, markdown, speedups, summarize, verdict_lines
 from zenflow.harness.glue_run import check_model, default_model, subsample
 from zenflow.harness.records import RunRecord
 from zenflow.harness.workloads import WorkloadError
@@ -228,6 +228,23 @@ def test_parity_at_the_majority_class_score_is_called_uninformative():
     assert "majority-class" not in "\n".join(verdict_lines(rows))
 
 
+def test_zenflow_alone_at_the_majority_class_inside_a_wide_tolerance_is_not_called_parity():
+    records = [fake("ds-zenflow", "MRPC", s, 74.8, 100.0, majority=74.8) for s in (0, 1, 2)]
+    records += [fake("ds-zero-offload", "MRPC", s, score, 100.0, majority=74.8)
+                for s, score in enumerate((76.2, 77.6, 79.6))]  # std 1.7: tolerance 3.4 covers the −3.0
+    text = "\n".join(verdict_lines(summarize(records)))
+    assert "Parity holds on MRPC, DeepSpeed" in text and "ZenFlow is at the majority-class score" in text
+
+
+def test_engines_that_changed_the_weights_at_init_are_named_under_the_table():
+    records = [fake(e, "MRPC", s, 75.0, 100.0) for e in ("ds-zenflow", "ds-zero-offload") for s in (0, 1)]
+    for r in records:
+        r.protocol = {"weights_changed_at_init": 41 if r.engine == "ds-zenflow" else 0}
+    lines = init_warning_lines(records)
+    assert len(lines) == 1 and "ds-zenflow" in lines[0] and "41 parameters in 2 of 2 runs" in lines[0]
+    assert lines[0] in markdown(summarize(records), speedups(records), records)
+
+
 # ---- end to end: a tiny fine-tuning through two engines --------------------------------------------------------
 @shared
 def test_tiny_end_to_end_run_through_two_engines_writes_valid_records_table_and_figure(tmp_path):
@@ -255,3 +272,21 @@ def test_tiny_end_to_end_run_through_two_engines_writes_valid_records_table_and_
     assert zen.steps[-1]["loss"] != ref.steps[-1]["loss"]
     assert (tmp_path / "figure.png").stat().st_size > 0 and "| SST-2" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "parity.csv").read_text().startswith("task,family")
+
+
+@shared
+@pytest.mark.deepspeed
+def test_ds_zenflow_keeps_the_pretrained_weights_only_with_its_weight_view_repaired(tmp_path):
+    """The record's `weights_changed_at_init` is the oracle: DeepSpeed's ZenFlow as shipped changes every 2-D
+    weight at initialize (divergence G); with the opt-in repair it changes none, and the table says it was repaired."""
+    common = ["--tasks", "SST-2", "--engines", "ds-zenflow", "--seeds", "0", "--train-examples", "16",
+              "--eval-examples", "16", "--seq-len", "16", "--micro-batch", "8", "--warmup-steps", "1"]
+    assert reproduce_glue.main([*common, "--out", str(tmp_path / "shipped")]) == 0
+    assert reproduce_glue.main([*common, "--ds-repair-weight-view", "--out", str(tmp_path / "repaired")]) == 0
+    shipped = RunRecord.read(tmp_path / "shipped" / "SST-2-ds-zenflow-s0.json")
+    repaired = RunRecord.read(tmp_path / "repaired" / "SST-2-ds-zenflow-s0.json")
+    assert shipped.status == repaired.status == "ok"
+    assert shipped.protocol["weights_changed_at_init"] > 0 and "ds_repair_weight_view" not in shipped.protocol
+    assert repaired.protocol["weights_changed_at_init"] == 0 and repaired.protocol["ds_repair_weight_view"]
+    assert "Diagnostic run" in (tmp_path / "repaired" / "table.md").read_text()
+    assert "Diagnostic run" not in (tmp_path / "shipped" / "table.md").read_text()

@@ -62,9 +62,9 @@ class Engine:
     stall_includes_io = False  # DeepSpeed's step cannot be split into copies and CPU Adam from outside
 
     def __init__(self, name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
-                 telemetry: bool = True) -> None:
+                 telemetry: bool = True, repair_weight_view: bool = False) -> None:
         self.name, self.model, self.ds_config, self.timeline = name, model, ds_config, timeline
-        self.telemetry = telemetry
+        self.telemetry, self.repair_weight_view = telemetry, repair_weight_view
 
     def train_step(self, batch: torch.Tensor, timing: StepTiming) -> float:
         raise NotImplementedError
@@ -134,6 +134,10 @@ class DeepSpeedEngine(Engine):
         import deepspeed
 
         _single_process_env()
+        if self.repair_weight_view:
+            from zenflow.harness.ds_divergences import repair_zenflow_weight_view
+
+            repair_zenflow_weight_view()  # opt-in diagnosis of divergence G, recorded in the run's protocol
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         self.engine, *_ = deepspeed.initialize(model=self.model, model_parameters=self.model.parameters(),
@@ -166,13 +170,16 @@ class DeepSpeedEngine(Engine):
 
 
 def make_engine(name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
-                telemetry: bool = True) -> Engine:
-    """Build the engine, and record in `engine.weights_changed_at_init` the parameters whose values the engine's
-    construction changed (beyond the cast to the training dtype). It should be empty: a non-empty list means the
-    model trains from other weights than the ones it was given (DeepSpeed 0.19.8 ZenFlow stage 1/2: divergence G)."""
+                telemetry: bool = True, repair_weight_view: bool = False) -> Engine:
+    """Build the engine (`repair_weight_view`: DeepSpeed engines only, see ds_divergences.py), and record in
+    `engine.weights_changed_at_init` the parameters whose values its construction changed (beyond the cast to the
+    training dtype). It should be empty: a non-empty list means the model trains from other weights than the ones
+    it was given (DeepSpeed 0.19.8 ZenFlow stage 1/2: divergence G)."""
     kind = DeepSpeedEngine if name.startswith("ds-") else TorchEngine
     before = _weight_fingerprints(model)
-    engine = kind(name, model, ds_config, timeline, telemetry)
+    if repair_weight_view and kind is not DeepSpeedEngine:
+        raise ValueError(f"repair_weight_view applies to DeepSpeed engines only, not {name!r}")
+    engine = kind(name, model, ds_config, timeline, telemetry, repair_weight_view)
     after = _weight_fingerprints(model)
     engine.weights_changed_at_init = [n for n, v in before.items()
                                       if n in after and not torch.equal(v.to(after[n].dtype), after[n])]

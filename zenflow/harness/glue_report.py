@@ -102,7 +102,7 @@ def _verdict(p: dict[str, Any] | None) -> str:
     return f"{mark} (|Δ| {abs(p['diff']):.1f} {'≤' if p['holds'] else '>'} {p['tolerance']:.1f})"
 
 
-def markdown(rows: list[dict[str, Any]], speed: dict[str, Any]) -> list[str]:
+def markdown(rows: list[dict[str, Any]], speed: dict[str, Any], records: list[RunRecord] = ()) -> list[str]:
     engines = [e for e in ENGINE_ORDER if any(e in r["engines"] for r in rows)]
     headers = ["task", "metric", "majority class", *engines, *(f"ZenFlow − ZeRO-Offload ({f})" for f in FAMILIES),
                *(f"parity ({f})" for f in FAMILIES)]
@@ -118,8 +118,9 @@ def markdown(rows: list[dict[str, Any]], speed: dict[str, Any]) -> list[str]:
         zen, off = FAMILIES[family]
         lines.append(f"- Speedup of ZenFlow over ZeRO-Offload, {family} ({zen} vs {off}): " + (
             f"**{s['speedup']:.2f}×** (median over {s['pairs']} task × seed pairs of the timed training time ratio; "
-            f"totals {s['offload_s']:.1f} s vs {s['zenflow_s']:.1f} s)" if s else "not measured (no paired runs)"))
-    return lines + verdict_lines(rows)
+            f"total timed training: ZeRO-Offload {s['offload_s']:.1f} s, ZenFlow {s['zenflow_s']:.1f} s)"
+            if s else "not measured (no paired runs)"))
+    return lines + verdict_lines(rows) + init_warning_lines(list(records))
 
 
 def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -134,12 +135,30 @@ def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
             text = (f"ZenFlow is {abs(p['diff']):.2f} points {side} ZeRO-Offload (tolerance {p['tolerance']:.2f}, "
                     f"{p['seeds']} seeds)")
             engines, majority = r["engines"], r.get("majority")
-            flat = majority is not None and all(abs(engines[e]["mean"] - majority) < 0.5 for e in FAMILIES[family])
+            zen, off = (majority is not None and abs(engines[e]["mean"] - majority) < 0.5 for e in FAMILIES[family])
             lines.append(f"- Parity {'holds' if p['holds'] else 'DOES NOT HOLD'} on {where}, {family}: {text}"
                          + ("" if p["holds"] else " — ZenFlow did not match ZeRO-Offload here.")
                          + (" Both engines are at the majority-class score: they learned nothing at this budget, so "
-                            "this says nothing about parity." if flat else ""))
+                            "this says nothing about parity." if zen and off else "")
+                         + (" But ZenFlow is at the majority-class score (it learned nothing) while ZeRO-Offload "
+                            "learned: it is inside the tolerance only because the task's seed spread is wide, which "
+                            "is not evidence of parity." if zen and not off and p["holds"] else ""))
     return lines
+
+
+def init_warning_lines(records: list[RunRecord]) -> list[str]:
+    """Engines whose construction changed the model's weights (records' `weights_changed_at_init`): one line each,
+    since every score of theirs comes from other weights than the pretrained ones."""
+    changed: dict[str, list[int]] = {}
+    for r in records:
+        if r.status == "ok" and r.protocol.get("weights_changed_at_init"):
+            changed.setdefault(r.engine, []).append(r.protocol["weights_changed_at_init"])
+    total = {e: sum(1 for r in records if r.status == "ok" and r.engine == e) for e in changed}
+    return [f"- {e}: building the engine changed the values of {max(n)} parameters in {len(n)} of {total[e]} runs "
+            "(recorded in each run's `protocol.weights_changed_at_init`): it fine-tuned other weights than the "
+            "pretrained ones." + (" DeepSpeed 0.19.8's ZenFlow stage 1/2 re-views every weight untransposed "
+                                  "(divergence G, docs/glue.md)." if e == "ds-zenflow" else "")
+            for e, n in sorted(changed.items())]
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:

@@ -159,7 +159,8 @@ def execute_glue(spec: Any) -> Any:
     record = RunRecord(engine=spec.engine, label=spec.label, config=spec.ds_config, workload=workload,
                        environment=_environment(), model=_model_facts(model))
     timeline = StepTimeline()
-    engine = make_engine(spec.engine, model, spec.ds_config, timeline, telemetry=spec.telemetry)
+    engine = make_engine(spec.engine, model, spec.ds_config, timeline, telemetry=spec.telemetry,
+                         repair_weight_view=bool(spec.extra.get("ds_repair_weight_view")))
     warmup = min(spec.warmup_steps, len(plan) - 1)
     record.protocol = {"warmup_steps": warmup, "timed_steps": len(plan) - warmup, "cycle": spec.cycle,
                        "threads": torch.get_num_threads(), "telemetry": spec.telemetry, "epochs": w["epochs"],
