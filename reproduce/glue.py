@@ -200,7 +200,8 @@ def describe_runs(ok: list[RunRecord]) -> tuple[list[str], str]:
 def report(records: list[RunRecord], out: Path, env: dict) -> str:
     ok = [r for r in records if r.status == "ok" and r.workload.get("kind") == "glue"]
     rows, speed = summarize(ok), speedups(ok)
-    label = hardware_label(env)
+    # the hardware the runs were made on (from their records), not the machine remaking the report
+    label = hardware_label(ok[0].environment if ok and ok[0].environment.get("cpu") else env)
     settings, model_name = describe_runs(ok)
     text = [f"# GLUE parity — {label}", "", *settings]
     text += markdown(rows, speed, ok) if rows else ["no successful runs"]

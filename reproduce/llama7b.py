@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 def report(records: list[RunRecord], out: Path, env: dict) -> str:
     timed = [r for r in records if r.protocol.get("telemetry", True)]
     rows = engine_rows(timed)
-    label = hardware_label(env)
+    # the hardware the runs were made on (from their records), not the machine remaking the report
+    label = hardware_label(records[0].environment if records and records[0].environment.get("cpu") else env)
     text = [f"# Llama-2-7B scenario — {label}", "",
             f"Model: {records[0].workload.get('model')} ({records[0].model.get('parameters', 0) / 1e6:.1f}M params,"
             f" {records[0].workload.get('dtype')}), sequence {records[0].workload.get('seq_len')}, "

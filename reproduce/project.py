@@ -27,7 +27,7 @@ from zenflow.harness.records import read_records
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = Block(0.1, 4, True)  # the ZenFlow block of every run and projection (DeepSpeedExamples' settings)
 SEQ16 = "results/llama7b/{hw}"  # the committed seq-16 scenario is the middle validation point
-EXTRA_SEQS = (4, 64, 256)  # with seq 16: host optimizer / compute from ~1.7 down to ~0.3 on this CPU
+EXTRA_SEQS = (4, 64, 256)  # with seq 16: host optimizer / compute of ref-offload from ~1.2 down to ~0.6 on this CPU
 # Paper Figure 1 (arXiv 2505.12242, Llama-2-7B): speedup over ZeRO-Offload and stall reduction (issue 6's ranges).
 PAPER = {"a100": ("4.6–5.1×", "−88…−90%"), "h100": ("3.2–4.1×", "−82…−87%")}
 QUIET = 0.2  # a run is "quiet" when other heavy jobs ran during less than this fraction of it
@@ -72,6 +72,7 @@ def deepspeed_constants(cal: dict[str, Any], seq16: dict[str, dict[str, float]])
     if zen and off:
         k["dsz_accumulate_extra_ms"] = zen["accumulate_step_ms"] - fb16 - k["ds_fb_overhead_ms"]
         k["dsz_update_extra_ms"] = zen["update_step_ms"] - fb16 - k["ds_fb_overhead_ms"]
+        k["dsz_stall_ms"] = zen["stall_ms"]  # its engine.step() wall time per step, the same measure as measured
     return k
 
 
@@ -85,7 +86,8 @@ def predict_engine(engine: str, x: Inputs, ds: dict[str, float]) -> Prediction |
     if engine == "ds-zenflow" and "dsz_update_extra_ms" in ds:
         acc, upd = fb + ds["dsz_accumulate_extra_ms"], fb + ds["dsz_update_extra_ms"]
         cycle = (3 * acc + upd) / 4
-        return Prediction(engine, acc, upd, cycle, fb, 0.0, cycle - fb, float("nan"))
+        stall = ds["dsz_stall_ms"]
+        return Prediction(engine, acc, upd, cycle, cycle - stall, 0.0, stall, float("nan"))
     return None
 
 
@@ -316,8 +318,18 @@ def main(argv: list[str] | None = None) -> int:
                                                      "ds-zenflow"], help="engines of --run-validation")
     ap.add_argument("--repeats", type=int, default=2, help="runs per engine and sequence (--run-validation)")
     ap.add_argument("--seqs", type=int, nargs="+", default=list(EXTRA_SEQS), help="sequences (--run-validation)")
+    ap.add_argument("--hardware-id", default=None,
+                    help="remake the validation and projection of a committed results/costmodel/<id>/ from its own "
+                    "calibration and records (another machine's; implies --no-calibrate)")
     args = ap.parse_args(argv)
-    hw = capture_environment()["hardware_id"]
+    hw = args.hardware_id or capture_environment()["hardware_id"]
+    if args.hardware_id:
+        if args.run_validation:
+            ap.error("--run-validation measures this machine; it cannot go with --hardware-id")
+        if not (ROOT / "results" / "costmodel" / hw / "calibration.json").exists():
+            ap.error(f"--hardware-id {hw}: no results/costmodel/{hw}/calibration.json (have: "
+                     + ", ".join(sorted(p.name for p in (ROOT / "results" / "costmodel").glob("*/"))) + ")")
+        args.no_calibrate = True
     out = ROOT / "results" / "costmodel" / hw
     if args.run_validation:
         run_validation(out / "validation", args.engines, args.repeats, tuple(args.seqs))

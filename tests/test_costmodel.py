@@ -182,3 +182,26 @@ def test_forward_backward_is_piecewise_linear_through_the_calibrated_points():
     assert fb_ms(cal, "loop", 80) == pytest.approx(90.0)     # inside the second
     assert fb_ms(cal, "loop", 4) == pytest.approx(48.333, rel=1e-4)  # below: the first segment extended
     assert fb_ms(cal, "loop", 512) == pytest.approx(360.0)  # above: the last segment extended
+
+
+def test_project_refuses_an_unknown_hardware_id(capsys: pytest.CaptureFixture) -> None:
+    project = _project_module()
+    with pytest.raises(SystemExit) as exit_info:
+        project.main(["--hardware-id", "cpu-scale-no-such-machine"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cpu-scale-no-such-machine" in err and "calibration.json" in err
+    with pytest.raises(SystemExit):
+        project.main(["--hardware-id", "cpu-scale-intel-xeon-2c", "--run-validation"])
+    assert "cannot go with --hardware-id" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent for p in COSTMODEL.glob("*/validation.csv")) or [None])
+def test_deepspeed_stall_is_fitted_at_seq16_like_its_other_constants(folder: Path | None) -> None:
+    if folder is None:
+        pytest.skip("no committed validation table")
+    with open(folder / "validation.csv") as f:
+        fitted = [c for c in csv.DictReader(f) if c["fitted_here"] == "True"]
+    assert fitted, "no DeepSpeed row at the fitting sequence"
+    for c in fitted:  # at the fitting point the prediction reproduces the measurement, stall included
+        assert float(c["predicted_stall_ms"]) == pytest.approx(float(c["measured_stall_ms"]), rel=1e-9)

@@ -138,9 +138,9 @@ def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
             zen, off = (majority is not None and abs(engines[e]["mean"] - majority) < 0.5 for e in FAMILIES[family])
             lines.append(f"- Parity {'holds' if p['holds'] else 'DOES NOT HOLD'} on {where}, {family}: {text}"
                          + ("" if p["holds"] else " — ZenFlow did not match ZeRO-Offload here.")
-                         + (" Both engines are at the majority-class score: they learned nothing at this budget, so "
+                         + (". Both engines are at the majority-class score: they learned nothing at this budget, so "
                             "this says nothing about parity." if zen and off else "")
-                         + (" But ZenFlow is at the majority-class score (it learned nothing) while ZeRO-Offload "
+                         + (". But ZenFlow is at the majority-class score (it learned nothing) while ZeRO-Offload "
                             "learned: it is inside the tolerance only because the task's seed spread is wide, which "
                             "is not evidence of parity." if zen and not off and p["holds"] else ""))
     return lines
@@ -161,12 +161,17 @@ def init_warning_lines(records: list[RunRecord]) -> list[str]:
             for e, n in sorted(changed.items())]
 
 
+def _engine_rank(engine: str) -> tuple[int, str]:
+    return (ENGINE_ORDER.index(engine) if engine in ENGINE_ORDER else len(ENGINE_ORDER), engine)
+
+
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["task", "metric", "engine", "mean", "std", "seeds", "scores"])
         for r in rows:
-            for engine, s in r["engines"].items():
+            for engine in sorted(r["engines"], key=_engine_rank):  # a stable order, whatever the records' order
+                s = r["engines"][engine]
                 writer.writerow([r["task"], r["metric"], engine, f"{s['mean']:.4f}", f"{s['std']:.4f}", s["n"],
                                  " ".join(f"{x:.4f}" for x in s["scores"])])
 
