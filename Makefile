@@ -47,7 +47,7 @@ reproduce-llama7b: install
 project: install
 	$(PY) reproduce/project.py $(ARGS)
 
-# GLUE parity: MiniLM on SST-2 and MRPC, five engines, three seeds (≈42 min on a quiet 2-core machine; docs/glue.md).
+# GLUE parity: MiniLM on SST-2 and MRPC, five engines, three seeds (≈40 min on a quiet 2-core Intel Xeon; docs/glue.md).
 reproduce-glue: install
 	$(PY) reproduce/glue.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
