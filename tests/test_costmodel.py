@@ -205,3 +205,25 @@ def test_deepspeed_stall_is_fitted_at_seq16_like_its_other_constants(folder: Pat
     assert fitted, "no DeepSpeed row at the fitting sequence"
     for c in fitted:  # at the fitting point the prediction reproduces the measurement, stall included
         assert float(c["predicted_stall_ms"]) == pytest.approx(float(c["measured_stall_ms"]), rel=1e-9)
+
+
+def test_calibration_smoke_gives_a_record_the_model_and_the_projection_can_use(tmp_path: Path) -> None:
+    """`make project`'s first step, on a tiny model in a child process (it pins threads and cores): the record
+    it writes loads, every calibrated input is positive, and both validation inputs and projection follow."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "calibration.json"
+    done = subprocess.run([sys.executable, "-m", "zenflow.harness.calibrate", "--smoke", "--repeats", "1",
+                           "--wait-quiet", "0", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cal = presets.load_calibration(out)
+    assert cal["calibration_seq_lens"] == [8, 32, 128]
+    for seq in (4, 16, 512):
+        x = presets.cpu_scale_inputs(cal, seq)
+        assert min(x.fb_ms, x.fb_ms_overlap, x.adamw_gelem_s, x.accum_gelem_s, x.d2h_gbps, x.h2d_gbps) > 0
+        for engine in ("no-offload", "zero-offload"):
+            assert predict(x, engine).cycle_ms > 0
+        assert predict(x, "zenflow-overlap", Block(0.1, 4, True)).cycle_ms > 0
+    rows = _project_module().projection(cal)
+    assert {r["gpu"] for r in rows} == {"a100", "h100"} and all(r["speedup"] > 0 for r in rows)
