@@ -151,8 +151,8 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
     text = "\n".join([
         f"# Cost model validation — {cal['hardware_id']} (cpu-scale, measured vs predicted)", "",
         f"Calibration: `calibration.json` (short training loops at seq {cal['calibration_seq_lens']}; "
-        "no end-to-end run is used for our engines). Runs: seq 16 from `results/llama7b/`, others from "
-        "`validation/seqN/`. ZenFlow block: topk 0.1, update interval 4, overlap.", "",
+        f"no end-to-end run is used for our engines). Runs: {_runs_source(cal['hardware_id'])}. ZenFlow block: "
+        "topk 0.1, update interval 4, overlap.", "",
         tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), "",
         f"- Our engines, runs on a quiet machine (neighbour jobs < {100 * QUIET:.0f}% of the run): max |error| "
         f"{max(ours):.1f}%, median {statistics.median(ours):.1f}%; {sum(e <= 15 for e in ours)} of {len(ours)} "
@@ -170,6 +170,13 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
     (out / "validation.md").write_text(text + "\n")
     _csv(rows, out / "validation.csv")
     return text
+
+
+def _runs_source(hw: str) -> str:
+    sets = record_sets(hw)
+    if 16 in sets and sets[16] == ROOT / SEQ16.format(hw=hw):
+        return f"seq 16 from `results/llama7b/{hw}/`, the others from `validation/seqN/`"
+    return "`validation/seqN/` for every sequence"
 
 
 def write_projection(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any]) -> str:
