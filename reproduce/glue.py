@@ -31,9 +31,10 @@ from zenflow.harness.glue import GlueError, get_task, load_split
 from zenflow.harness.glue_report import figure, markdown, speedups, summarize, write_csv, write_parity_csv
 from zenflow.harness.glue_run import check_model, default_model
 from zenflow.harness.records import RunRecord, read_records
+from zenflow.harness.report import runs_hardware_label
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 from zenflow.harness.workloads import WorkloadError
-from zenflow.telemetry.environment import capture_environment, hardware_label
+from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TASKS = ["SST-2", "MRPC"]
@@ -200,8 +201,7 @@ def describe_runs(ok: list[RunRecord]) -> tuple[list[str], str]:
 def report(records: list[RunRecord], out: Path, env: dict) -> str:
     ok = [r for r in records if r.status == "ok" and r.workload.get("kind") == "glue"]
     rows, speed = summarize(ok), speedups(ok)
-    # the hardware the runs were made on (from their records), not the machine remaking the report
-    label = hardware_label(ok[0].environment if ok and ok[0].environment.get("cpu") else env)
+    label = runs_hardware_label(ok, env)
     settings, model_name = describe_runs(ok)
     text = [f"# GLUE parity — {label}", "", *settings]
     text += markdown(rows, speed, ok) if rows else ["no successful runs"]

@@ -21,9 +21,9 @@ import torch
 
 from zenflow.harness.engines import ENGINES, deepspeed_config
 from zenflow.harness.records import RunRecord, read_records
-from zenflow.harness.report import engine_rows, figure, table, write_csv
+from zenflow.harness.report import engine_rows, figure, runs_hardware_label, table, write_csv
 from zenflow.harness.runner import RunSpec, run_in_subprocess
-from zenflow.telemetry.environment import capture_environment, hardware_label
+from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 ZENFLOW_BLOCK = {"topk_ratio": 0.1, "update_interval": 4, "full_warm_up_rounds": 0, "overlap_step": True,
@@ -86,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def report(records: list[RunRecord], out: Path, env: dict) -> str:
     timed = [r for r in records if r.protocol.get("telemetry", True)]
     rows = engine_rows(timed)
-    # the hardware the runs were made on (from their records), not the machine remaking the report
-    label = hardware_label(records[0].environment if records and records[0].environment.get("cpu") else env)
+    label = runs_hardware_label(records, env)
     text = [f"# Llama-2-7B scenario — {label}", "",
             f"Model: {records[0].workload.get('model')} ({records[0].model.get('parameters', 0) / 1e6:.1f}M params,"
             f" {records[0].workload.get('dtype')}), sequence {records[0].workload.get('seq_len')}, "

@@ -200,11 +200,11 @@ def test_project_refuses_an_unknown_hardware_id(capsys: pytest.CaptureFixture) -
 def test_deepspeed_stall_is_fitted_at_seq16_like_its_other_constants(folder: Path | None) -> None:
     if folder is None:
         pytest.skip("no committed validation table")
-    with open(folder / "validation.csv") as f:
-        fitted = [c for c in csv.DictReader(f) if c["fitted_here"] == "True"]
+    cal = presets.load_calibration(folder / "calibration.json", expect_hardware_id=folder.name)
+    fitted = [r for r in _project_module().validation(cal, folder.name) if r["fitted_here"]]
     assert fitted, "no DeepSpeed row at the fitting sequence"
-    for c in fitted:  # at the fitting point the prediction reproduces the measurement, stall included
-        assert float(c["predicted_stall_ms"]) == pytest.approx(float(c["measured_stall_ms"]), rel=1e-9)
+    for r in fitted:  # at the fitting point the prediction reproduces the measurement, stall included
+        assert r["predicted_stall_ms"] == pytest.approx(r["measured_stall_ms"], rel=1e-9)
 
 
 def test_calibration_smoke_gives_a_record_the_model_and_the_projection_can_use(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 from zenflow.harness import records as records_module
 from zenflow.harness.engines import deepspeed_config
 from zenflow.harness.records import RecordError, RunRecord, describe, summarize_steps
-from zenflow.harness.report import engine_rows, table
+from zenflow.harness.report import engine_rank, engine_rows, runs_hardware_label, table
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 from zenflow.telemetry.timeline import StepTimeline
 
@@ -149,3 +149,19 @@ def test_reproduce_llama7b_smoke_runs_every_engine_and_writes_table_and_figure(t
                                                                       for w in record.warnings)
     assert changed.pop("ds-zenflow") > 0
     assert set(changed.values()) == {0}
+
+
+def test_a_report_names_the_hardware_of_its_runs_not_the_machine_remaking_it():
+    def record(cpu_model: str | None) -> RunRecord:
+        env = {"cpu": {"model": cpu_model, "allowed_cores": 2}} if cpu_model else {}
+        return RunRecord(engine="ref-zenflow", label="t", status="ok", environment=env)
+
+    here = {"cpu": {"model": "Machine Remaking The Report", "allowed_cores": 8}}
+    assert runs_hardware_label([record(None), record("Intel(R) Xeon(R) Processor")], here) == \
+        "cpu-scale: 2-core Intel Xeon Processor (no GPU)"
+    assert runs_hardware_label([record(None)], here) == "cpu-scale: 8-core Machine Remaking The Report (no GPU)"
+
+
+def test_engines_sort_in_the_report_order_then_by_name():
+    assert sorted(["zz", "no-offload", "ref-zenflow", "aa", "ds-zero-offload"], key=engine_rank) == \
+        ["ds-zero-offload", "ref-zenflow", "no-offload", "aa", "zz"]

@@ -20,7 +20,7 @@ from tabulate import tabulate
 
 from zenflow.harness.glue import get_task, metric_name
 from zenflow.harness.records import RunRecord
-from zenflow.harness.report import ENGINE_ORDER
+from zenflow.harness.report import ENGINE_ORDER, engine_rank
 
 FAMILIES = {"DeepSpeed": ("ds-zenflow", "ds-zero-offload"), "ours": ("ref-zenflow", "ref-offload")}
 AVERAGE = "average"
@@ -161,16 +161,12 @@ def init_warning_lines(records: list[RunRecord]) -> list[str]:
             for e, n in sorted(changed.items())]
 
 
-def _engine_rank(engine: str) -> tuple[int, str]:
-    return (ENGINE_ORDER.index(engine) if engine in ENGINE_ORDER else len(ENGINE_ORDER), engine)
-
-
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["task", "metric", "engine", "mean", "std", "seeds", "scores"])
         for r in rows:
-            for engine in sorted(r["engines"], key=_engine_rank):  # a stable order, whatever the records' order
+            for engine in sorted(r["engines"], key=engine_rank):  # a stable order, whatever the records' order
                 s = r["engines"][engine]
                 writer.writerow([r["task"], r["metric"], engine, f"{s['mean']:.4f}", f"{s['std']:.4f}", s["n"],
                                  " ".join(f"{x:.4f}" for x in s["scores"])])

@@ -21,6 +21,19 @@ COLUMNS = ("engine", "runs", "median step ms", "cycle mean ms", "accumulate step
            "bytes/step ÷ model bytes", "final loss")
 
 
+def engine_rank(engine: str) -> tuple[int, str]:
+    """Sort key: the engines in ENGINE_ORDER, then any other by name."""
+    return (ENGINE_ORDER.index(engine) if engine in ENGINE_ORDER else len(ENGINE_ORDER), engine)
+
+
+def runs_hardware_label(records: Sequence[RunRecord], fallback_env: dict[str, Any]) -> str:
+    """The hardware the runs were made on (from their records), not the machine remaking the report."""
+    from zenflow.telemetry.environment import hardware_label
+
+    env = next((r.environment for r in records if r.environment.get("cpu")), fallback_env)
+    return hardware_label(env)
+
+
 def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
     """One row per engine: medians over its repeated runs of each run's summary value."""
     by_engine: dict[str, list[RunRecord]] = {}
@@ -28,7 +41,7 @@ def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
         if r.status == "ok":
             by_engine.setdefault(r.engine, []).append(r)
     rows = []
-    for engine in sorted(by_engine, key=lambda e: ENGINE_ORDER.index(e) if e in ENGINE_ORDER else 99):
+    for engine in sorted(by_engine, key=engine_rank):
         runs = by_engine[engine]
 
         def med(key: str, runs: list[RunRecord] = runs) -> float | None:
