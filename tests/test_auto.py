@@ -3,14 +3,19 @@ interval resolves as documented."""
 
 from __future__ import annotations
 
+import copy
 import math
+import random
+import time
 
 import pytest
 import torch
-from helpers import Interleaved, train_steps, zenflow
+from helpers import Interleaved, clone_model, grad_stream, set_grads, train_steps, zenflow
 
+import zenflow.optimizer as optimizer_module
 from zenflow import ZenFlowConfig
 from zenflow.config import AUTO_MAX_UPDATE_INTERVAL, AUTO_SELECT_INTERVAL_STEPS
+from zenflow.optimizer import AUTO_LAG
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -55,3 +60,83 @@ def test_no_nan_with_auto_everything_in_bf16():
     opt = zenflow(model, update_interval="auto", lr=1e-3)
     losses = train_steps(model, opt, 20, seed=3)
     assert all(math.isfinite(x) for x in losses)
+
+
+def _firing_steps(opt, model, grads) -> list[int]:
+    fired, before = [], opt.host_updates
+    for t, step_grads in enumerate(grads):
+        set_grads(model, step_grads)
+        opt.step()
+        opt.zero_grad()
+        if opt.host_updates > before:
+            fired.append(t)
+        before = opt.host_updates
+    return fired
+
+
+def _jittery_worker(monkeypatch, seed: int) -> None:
+    """The worker takes a random time per accumulation, so any timing-dependent decision would show."""
+    real, rng = optimizer_module.accumulate_, random.Random(seed)
+
+    def jittery(*args, **kwargs):
+        time.sleep(rng.uniform(0.0, 0.004))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optimizer_module, "accumulate_", jittery)
+
+
+def test_auto_fires_at_the_same_steps_in_sync_and_overlap_whatever_the_worker_timing(monkeypatch):
+    model = Interleaved([16, 32, 32, 4], seed=0)
+    grads = grad_stream(model, 60, seed=5)
+    block = dict(topk_ratio=0.1, update_interval="auto", full_warm_up_rounds=0)
+    sync_model = clone_model(model)
+    with zenflow(sync_model, **block) as opt:
+        sync_fired = _firing_steps(opt, sync_model, grads)
+    assert 60 / AUTO_MAX_UPDATE_INTERVAL < len(sync_fired) < 60  # the rule decides: neither the cap nor always
+    for seed in range(3):
+        _jittery_worker(monkeypatch, seed)
+        overlap_model = clone_model(model)
+        with zenflow(overlap_model, overlap_step=True, **block) as opt:
+            assert _firing_steps(opt, overlap_model, grads) == sync_fired, f"worker timing seed {seed}"
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_auto_fires_exactly_when_the_unselected_mass_catches_up(overlap):
+    """Constant gradients: selected columns 2.5, the others 1.0. The accumulated unselected RMS after m steps is
+    m, so it catches up at m = 3, which the rule sees AUTO_LAG steps later: a boundary every 3 + AUTO_LAG steps."""
+    layer = torch.nn.Linear(16, 8, bias=False)
+    grad = torch.ones(8, 16)
+    grad[:, :4] = 2.5  # the top 4 columns by norm: selected at topk_ratio 0.25
+    opt = zenflow(layer, topk_ratio=0.25, update_interval="auto", auto_ratio=1.0, full_warm_up_rounds=0,
+                  overlap_step=overlap)
+    with opt:
+        fired = _firing_steps(opt, layer, [[grad]] * 20)
+    period = 3 + AUTO_LAG
+    assert fired == [period * (i + 1) - 1 for i in range(20 // period)]
+    assert opt.state[layer.weight]["sel"].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_auto_history_survives_a_checkpoint_taken_mid_interval(overlap):
+    model = Interleaved([16, 32, 32, 4], seed=0)
+    grads = grad_stream(model, 40, seed=6)
+    block = dict(topk_ratio=0.1, update_interval="auto", full_warm_up_rounds=0, overlap_step=overlap)
+    straight = clone_model(model)
+    with zenflow(straight, **block) as opt:
+        fired = _firing_steps(opt, straight, grads)
+        opt.drain()
+    cut = next(t for t in range(fired[1] + 1, fired[2]) if t - fired[1] > AUTO_LAG)  # mid-interval, history > lag
+    first = clone_model(model)
+    with zenflow(first, **block) as opt:
+        head = _firing_steps(opt, first, grads[:cut])
+        saved = copy.deepcopy(opt.state_dict())
+        params = copy.deepcopy(first.state_dict())
+    resumed = clone_model(model)
+    resumed.load_state_dict(params)
+    with zenflow(resumed, **block) as opt:
+        opt.load_state_dict(saved)
+        tail = _firing_steps(opt, resumed, grads[cut:])
+        opt.drain()
+    assert head + [t + cut for t in tail] == fired
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)

@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zenflow.auto_interval import MassReport
 from zenflow.config import ConfigError
 from zenflow.host import HostColumns
 
 if TYPE_CHECKING:
     from zenflow.optimizer import ZenFlowAdamW
 
-FORMAT = "zenflow-adamw/1"
+FORMAT = "zenflow-adamw/2"  # 2: the "auto" interval's history is per-step masses (auto_interval.py)
+READABLE = ("zenflow-adamw/1", FORMAT)  # /1 loads with an empty "auto" history (its rule read other numbers)
 HOST_TENSORS = ("master", "exp_avg", "exp_avg_sq", "cols")
 DEVICE_TENSORS = ("sel", "unsel", "d_master", "d_exp_avg", "d_exp_avg_sq")
 DENSE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
@@ -43,13 +45,14 @@ def pack(opt: ZenFlowAdamW) -> dict[str, Any]:
     return {"format": FORMAT, "state": state, "param_groups": groups,
             "zenflow": {"config": dataclasses.asdict(opt.config), "t": opt.t, "skipped_steps": opt.skipped_steps,
                         "host_updates": opt.host_updates, "since_boundary": opt._since_boundary,
-                        "slot": opt._slot, "sel_mass": list(opt._sel_mass),
+                        "slot": opt._slot,
+                        "auto_history": [r.to_state(opt._wait_for) for r in opt._auto_history],
                         "pending_upload": opt._pending is not None}}
 
 
 def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
-    if sd.get("format") != FORMAT:
-        raise ConfigError(f"state_dict format = {sd.get('format')!r} is not allowed: expected {FORMAT!r} "
+    if sd.get("format") not in READABLE:
+        raise ConfigError(f"state_dict format = {sd.get('format')!r} is not allowed: expected one of {READABLE} "
                           "(a ZenFlowAdamW state_dict)")
     params = [p for g in opt.param_groups for p in g["params"]]
     sizes = [len(g["params"]) for g in sd["param_groups"]]
@@ -72,7 +75,7 @@ def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
     z = sd["zenflow"]
     opt.t, opt.skipped_steps, opt.host_updates = z["t"], z["skipped_steps"], z["host_updates"]
     opt._since_boundary, opt._slot = z["since_boundary"], z["slot"]
-    opt._sel_mass = [m.to(opt.device) for m in z["sel_mass"]]
+    opt._auto_history = [MassReport.from_state(r) for r in z.get("auto_history", [])]
     if z["pending_upload"]:
         opt._start_worker()
         done: Future = Future()
@@ -107,8 +110,8 @@ def _restore_entry(opt: ZenFlowAdamW, p: torch.Tensor, st: dict, entry: dict) ->
     part = st["host"]
     restored = HostColumns.create(*(entry[f"host_{name}"].to("cpu", copy=True) for name in HOST_TENSORS),
                                   model_dtype=p.dtype, n_accumulators=len(part.accumulators),
-                                  host_empty=opt.link.host_empty,
-                                  step=int(entry["host_step"]))
+                                  host_empty=opt.link.host_empty, step=int(entry["host_step"]),
+                                  n_staging=len(part.grad_staging))
     for acc, saved in zip(restored.accumulators, entry["host_accumulators"]):
         acc.copy_(saved)
     restored.counts, restored.staged = list(entry["host_counts"]), entry["host_staged"]

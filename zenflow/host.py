@@ -32,14 +32,14 @@ class HostColumns:
     """Host state of the host-owned (unselected) columns of one column parameter `W[out, in]`.
 
     Every buffer is a contiguous `[out, n_host]` block whose column `i` is column `cols[i]` of `W`, so the fused
-    AdamW kernel runs on whole tensors and the device gathers/scatters rows, never strided columns.
+    AdamW kernel runs on whole tensors and the device gathers and scatters whole column sets in one kernel.
     """
 
     master: torch.Tensor          # [out, n_host] fp32
     exp_avg: torch.Tensor         # [out, n_host] fp32
     exp_avg_sq: torch.Tensor      # [out, n_host] fp32
     accumulators: list[torch.Tensor]  # one or two [out, n_host] fp32 sums of unselected gradient columns
-    grad_staging: torch.Tensor    # [out, n_host] model dtype, landing buffer of device->host gradient copies
+    grad_staging: list[torch.Tensor]  # one or two [out, n_host] model dtype landing buffers of gradient copies
     param_staging: torch.Tensor   # [out, n_host] model dtype, source of host->device parameter copies
     cols: torch.Tensor            # [n_host] int64, ascending: which columns of W these are
     counts: list[int]             # gradients summed in each accumulator since its last host update
@@ -52,39 +52,74 @@ class HostColumns:
 
     @classmethod
     def create(cls, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, cols: torch.Tensor,
-               model_dtype: torch.dtype, n_accumulators: int, host_empty: Callable, step: int = 0) -> HostColumns:
+               model_dtype: torch.dtype, n_accumulators: int, host_empty: Callable, step: int = 0,
+               n_staging: int = 1) -> HostColumns:
         shape = tuple(master.shape)
         return cls(master=master, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
                    accumulators=[torch.zeros(shape) for _ in range(n_accumulators)],
-                   grad_staging=host_empty(shape, model_dtype), param_staging=host_empty(shape, model_dtype),
-                   cols=cols, counts=[0] * n_accumulators, step=step)
+                   grad_staging=[host_empty(shape, model_dtype) for _ in range(n_staging)],
+                   param_staging=host_empty(shape, model_dtype), cols=cols, counts=[0] * n_accumulators, step=step)
 
     @classmethod
-    def all_columns(cls, weight: torch.Tensor, n_accumulators: int, host_empty: Callable) -> HostColumns:
+    def all_columns(cls, weight: torch.Tensor, n_accumulators: int, host_empty: Callable,
+                    n_staging: int = 1) -> HostColumns:
         """Initial state: the host owns every column (nothing is selected before the first selection)."""
         master = weight.detach().to("cpu", torch.float32, copy=True).contiguous()
         return cls.create(master, torch.zeros_like(master), torch.zeros_like(master),
-                          torch.arange(master.shape[1]), weight.dtype, n_accumulators, host_empty)
+                          torch.arange(master.shape[1]), weight.dtype, n_accumulators, host_empty,
+                          n_staging=n_staging)
 
 
-def accumulate_(link: Link, items: list[tuple[HostColumns, torch.Tensor, torch.Tensor]], slot: int,
-                clip_coef: torch.Tensor | None = None, ready: torch.cuda.Event | None = None) -> None:
-    """Add the unselected columns of this step's gradients into the fp32 accumulators of `slot`.
+@dataclass
+class GradCopy:
+    """One parameter's unselected gradient columns on their way into a host staging buffer.
 
-    `items` holds (host part, gradient viewed as [out, in], host-owned columns); `clip_coef` is the step's global
-    clipping coefficient; `ready` (CUDA) an event recorded after backward produced the gradients. Runs inline or
-    on the worker; the caller has counted the bytes.
+    CUDA: the training thread has already started the copy (`done` is its event) and holds no device tensor, so
+    the step's gradient can be freed at once. CPU device: the copy is CPU work, done by whoever runs the
+    accumulation (the worker's core in overlap mode, as a copy engine would), so `grad` is held until then.
     """
-    for part, grad, columns in items:
-        link.gather_to_host(grad, columns, part.grad_staging, "grads", count=False, ready=ready)
+
+    part: HostColumns
+    staging: torch.Tensor
+    grad: torch.Tensor | None = None      # [out, in] view of the gradient (CPU device only)
+    columns: torch.Tensor | None = None   # host-owned columns to gather (CPU device only)
+    done: torch.cuda.Event | None = None  # CUDA: the copy's event
+
+    def land(self, link: Link) -> torch.Tensor:
+        """Return the staging buffer once it holds the gradient columns."""
+        if self.done is not None:
+            with link.observers.blocking("copy_d2h"):
+                self.done.synchronize()  # CUDA sync point: wait for this parameter's copy only
+        elif self.grad is not None:
+            link.gather_to_host(self.grad, self.columns, self.staging)
+            self.grad = None  # the gradient is no longer needed: let it go now
+        return self.staging
+
+
+def accumulate_(link: Link, copies: list[GradCopy], slot: int, clip_coef: torch.Tensor | None = None,
+                report_mass: bool = False) -> list[float] | None:
+    """Add this step's unselected gradient columns into the fp32 accumulators of `slot`.
+
+    Runs inline or on the worker; the caller counted the bytes. Parameters are taken in order, so on CUDA the copy
+    of the next one proceeds while this one is added (copy engine and CPU work at once). `clip_coef` is the step's
+    global clipping coefficient. `report_mass`: return, per copy, the RMS per element of the accumulated sum after
+    this step (what the "auto" update interval compares); computed here, off the training thread in overlap mode.
+    """
+    masses = [] if report_mass else None
+    for copy in copies:
+        part, staging = copy.part, copy.land(link)
         with link.observers.blocking("host_accumulate"):  # host work the step waits for (inline only)
             if clip_coef is not None:
-                part.grad_staging.mul_(clip_coef)  # as clip_grad_norm_ would, in the gradient's dtype
+                staging.mul_(clip_coef)  # as clip_grad_norm_ would, in the gradient's dtype
+            acc = part.accumulators[slot]
             if part.counts[slot] == 0:
-                part.accumulators[slot].copy_(part.grad_staging)  # first of the interval: no zero-fill, no add
+                acc.copy_(staging)  # first of the interval: no zero-fill, no add
             else:
-                add_upcast_(part.accumulators[slot], part.grad_staging)
+                add_upcast_(acc, staging)
+            if masses is not None:
+                masses.append(float(torch.linalg.vector_norm(acc)) / max(1, acc.numel()) ** 0.5)
         part.counts[slot] += 1
+    return masses
 
 
 def add_upcast_(acc: torch.Tensor, src: torch.Tensor, chunk_elements: int = 1 << 18) -> None:
@@ -142,12 +177,17 @@ class HostWorker:
             if job is None:
                 return
             fn, future = job
+            del job  # hold nothing of a finished job (its gradients) while waiting for the next one
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                future.set_result(fn())
+                result = fn()
             except Exception as exc:  # surfaced to the training loop by wait()
+                del fn
                 future.set_exception(exc)
+                continue
+            del fn
+            future.set_result(result)
             # anything else (SystemExit, a crash in C++) ends the thread: wait() notices the death
 
     @property

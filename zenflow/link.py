@@ -1,6 +1,9 @@
 """The device<->host link: real copies into distinct buffers, counted.
 
-CUDA: copies run on a side stream into pinned host buffers, ordered by events, so the compute stream keeps going.
+CUDA: two side streams, one per direction (PCIe is full duplex: the two copy engines run at once), into and out of
+pinned host buffers, ordered by events so the compute stream keeps going. Every device tensor a side stream writes
+is allocated on that side stream, and `record_stream` marks every device tensor a stream other than its allocator's
+reads, so the caching allocator never hands out a block another stream still uses (docs/host-worker.md).
 CPU "device" (cpu-scale): the same calls are plain synchronous copies between distinct tensors.
 """
 
@@ -15,12 +18,21 @@ class Link:
     def __init__(self, device: torch.device, observers: Observers) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.d2h_stream = torch.cuda.Stream(device) if self.cuda else None
+        self.h2d_stream = torch.cuda.Stream(device) if self.cuda else None
         self.observers = observers
 
     def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A host buffer that takes part in transfers: pinned when the device is a GPU."""
         return torch.empty(shape, dtype=dtype, pin_memory=self.cuda)
+
+    def compute_event(self) -> torch.cuda.Event | None:
+        """CUDA: an event on the compute stream now (what later copies must wait for); None on the CPU device."""
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor, kind: str) -> torch.cuda.Event | None:
         """Start a device->host copy; the returned event (CUDA) must be waited on before `dst` is read."""
@@ -29,72 +41,98 @@ class Link:
             with self.observers.blocking("copy_d2h"):
                 dst.copy_(src)
             return None
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # src was produced on the compute stream
-        with torch.cuda.stream(self.stream):
+        self.d2h_stream.wait_stream(torch.cuda.current_stream(self.device))  # src was produced on compute
+        with torch.cuda.stream(self.d2h_stream):
             dst.copy_(src, non_blocking=True)
-            src.record_stream(self.stream)
+            src.record_stream(self.d2h_stream)
             done = torch.cuda.Event()
-            done.record(self.stream)
+            done.record(self.d2h_stream)
         return done
 
     def to_device(self, src: torch.Tensor, dst: torch.Tensor, kind: str) -> torch.cuda.Event | None:
-        """Host->device copy; later work on the compute stream is ordered after it (no host wait)."""
+        """Host->device copy into `dst` (any device tensor); later work on the compute stream is ordered after it
+        (no host wait). CUDA: `dst` may have been allocated or used on the compute stream, so the copy first waits
+        for the compute stream's queued work (audit item 1): use it off the hot path (reselection)."""
         self.observers.transfer("h2d", kind, src.numel() * src.element_size())
         if not self.cuda:
             with self.observers.blocking("copy_h2d"):
                 dst.copy_(src)
             return None
-        with torch.cuda.stream(self.stream):
+        compute = torch.cuda.current_stream(self.device)
+        self.h2d_stream.wait_stream(compute)
+        with torch.cuda.stream(self.h2d_stream):
             dst.copy_(src, non_blocking=True)
             done = torch.cuda.Event()
-            done.record(self.stream)
-        torch.cuda.current_stream(self.device).wait_event(done)
+            done.record(self.h2d_stream)
+        compute.wait_event(done)
         return done
 
-    def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor, kind: str,
-                       count: bool = True, ready: torch.cuda.Event | None = None) -> None:
-        """`dst[:] = src[:, columns]` with `src` on the device and `dst` on the host; returns when `dst` is ready.
+    def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor,
+                       ready: torch.cuda.Event | None = None) -> torch.cuda.Event | None:
+        """`dst[:] = src[:, columns]` with `src` on the device and `dst` on the host. Bytes are counted by the
+        caller (background copies are counted when submitted, so each step's bytes are deterministic).
 
-        CUDA: gather and copy on the side stream, after `ready` (an event recorded where `src` was produced; the
-        caller's current stream if None), then a host wait (sync point). CPU device: the gather writes straight
-        into the distinct host buffer, which is the copy. `count=False`: the caller counted the bytes already
-        (background jobs are counted when submitted, so each step's bytes are deterministic).
+        CUDA: gather and copy are *started* on the d2h stream after `ready` (an event recorded where `src` was
+        produced; the caller's current stream if None); returns the event to wait on before reading `dst`, with
+        no host wait here. The gathered temporary is allocated on the d2h stream and dropped at once (reused only
+        by later d2h work, which is ordered after this copy). CPU device: the gather writes straight into the
+        distinct host buffer, which is the copy; returns None.
         """
-        if count:
-            self.observers.transfer("d2h", kind, dst.numel() * src.element_size())
+        every_column = columns.numel() == src.shape[1]  # warm-up, ZeRO-Offload: a plain copy, no gather
         if not self.cuda:
             with self.observers.blocking("copy_d2h"):
-                if columns.numel() == src.shape[1]:  # every column (warm-up, ZeRO-Offload): a plain copy
+                if every_column:
                     dst.copy_(src)
                 else:
                     torch.index_select(src, 1, columns, out=dst)
-            return
+            return None
         producer = torch.cuda.current_stream(self.device)  # read before switching streams
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.d2h_stream):
             if ready is not None:
-                self.stream.wait_event(ready)
+                self.d2h_stream.wait_event(ready)
             else:
-                self.stream.wait_stream(producer)
-            dst.copy_(src.index_select(1, columns), non_blocking=True)
-            src.record_stream(self.stream)  # src may be freed by its owner while this stream still reads it
-        with self.observers.blocking("copy_d2h"):
-            self.stream.synchronize()  # the host reads dst next
+                self.d2h_stream.wait_stream(producer)
+            dst.copy_(src if every_column else src.index_select(1, columns), non_blocking=True)
+            src.record_stream(self.d2h_stream)  # the owner may free src (zero_grad) while this stream reads it
+            if columns.device == src.device:
+                columns.record_stream(self.d2h_stream)
+            done = torch.cuda.Event()
+            done.record(self.d2h_stream)
+        return done
 
     def scatter_to_device(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor,
                           kind: str) -> torch.cuda.Event | None:
         """`dst[:, columns] = src` with `src` on the host; ordered before later work on the compute stream.
         CUDA: returns the event after which `src` may be overwritten."""
+        self.observers.transfer("h2d", kind, src.numel() * src.element_size())
+        every_column = columns.numel() == dst.shape[1]  # columns are ascending and complete: identity
         if not self.cuda:
-            self.observers.transfer("h2d", kind, src.numel() * src.element_size())
             with self.observers.blocking("copy_h2d"):
-                if columns.numel() == dst.shape[1]:  # columns are ascending and complete: identity
+                if every_column:
                     dst.copy_(src)
                 else:
                     dst.index_copy_(1, columns, src)
             return None
-        landing = torch.empty(src.shape, dtype=src.dtype, device=self.device)
-        done = self.to_device(src, landing, kind)
+        compute = torch.cuda.current_stream(self.device)
+        if every_column and dst.is_contiguous():
+            # straight into the weight: wait for the compute stream's queued reads and writes of it first
+            self.h2d_stream.wait_stream(compute)
+            with torch.cuda.stream(self.h2d_stream):
+                dst.copy_(src, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(self.h2d_stream)
+            compute.wait_event(done)
+            return done
+        with torch.cuda.stream(self.h2d_stream):
+            # allocated on the stream that writes it (audit item 1): its block is never one the compute stream
+            # may still be using, and is not reused before the compute stream has read it (record_stream below)
+            landing = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+            landing.copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.h2d_stream)
+        compute.wait_event(done)
         dst.index_copy_(1, columns, landing)
+        landing.record_stream(compute)
         return done
 
     def wait(self, event: torch.cuda.Event | None) -> None:

@@ -15,6 +15,7 @@ Every trainable parameter with two or more dimensions is a *column param* `W[out
 from __future__ import annotations
 
 import functools
+import math
 import os
 import weakref
 from collections.abc import Iterable
@@ -26,12 +27,18 @@ import torch
 
 from zenflow import checkpoint
 from zenflow.adam import AdamWHyper, adamw_
+from zenflow.auto_interval import MassReport, boundary_due
 from zenflow.config import ZenFlowConfig, check_hyperparameters, check_params, load_deepspeed_config
 from zenflow.hooks import Observer, Observers, RemovableHandle
-from zenflow.host import HostColumns, HostWorker, HostWorkerError, accumulate_, host_adamw_, reserved_cores
+from zenflow.host import GradCopy, HostColumns, HostWorker, HostWorkerError, accumulate_, host_adamw_, reserved_cores
 from zenflow.link import Link
 from zenflow.ownership import move_columns
 from zenflow.selection import num_selected, select_columns
+
+# "auto" update interval: the boundary decision at a step reads the accumulated mass of the step this many steps
+# earlier, the newest one a background worker is sure to have added under the backpressure bound (at most one
+# accumulation queued behind the running one). Sync mode uses the same lag, so both fire at the same steps.
+AUTO_LAG = 2
 
 
 class ZenFlowAdamW(torch.optim.Optimizer):
@@ -53,11 +60,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self.host_updates = 0  # boundaries so far
         self._since_boundary = 0  # steps accumulated since the last boundary
         self._slot = 0  # accumulator being filled (two alternate when overlap_step)
-        self._sel_mass: list[torch.Tensor] = []  # "auto" update_interval: selected RMS per step
+        self._auto_history: list[MassReport] = []  # "auto" update_interval: one report per step of the interval
         self._upload_events: list = []  # CUDA events of the last upload's copies
-        self._clip_coef: torch.Tensor | None = None  # this step's clipping coefficient (None: not clipped)
+        self._clip_coef: torch.Tensor | None = None  # this step's clipping coefficient on the device (None: none)
+        self._clip_coef_host: torch.Tensor | None = None  # the same value on the host, for the host part
         self._pending: Future | None = None  # the host update of the last boundary (overlap_step)
         self._jobs: list[Future] = []  # every worker job not yet known to be finished, in submission order
+        self._accumulations: list[Future] = []  # background accumulations maybe still running (backpressure)
+        self._staging_turn = 0  # which gradient staging buffer the next copy lands in (CUDA overlap: two)
         self._worker: HostWorker | None = None
         self._saved_compute_layout: tuple[set[int], int] | None = None
         for param in self._params():
@@ -80,7 +90,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         st = self.state[p]
         if p.dim() >= 2:
             w = _as_columns(p)
-            st["host"] = HostColumns.all_columns(w, self._n_accumulators, self.link.host_empty)
+            st["host"] = HostColumns.all_columns(w, self._n_accumulators, self.link.host_empty, self._n_staging)
             st["sel"] = torch.empty(0, dtype=torch.long, device=p.device)  # device-owned columns (none yet)
             st["unsel"] = torch.arange(w.shape[1], device=p.device)  # host-owned columns (device copy of cols)
             empty = torch.zeros(w.shape[0], 0, dtype=torch.float32, device=p.device)
@@ -94,6 +104,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     @property
     def _n_accumulators(self) -> int:
         return 2 if self.config.overlap_step else 1
+
+    @property
+    def _n_staging(self) -> int:
+        """CUDA overlap: the copy of step t lands while the worker still reads step t-1's: two buffers. Elsewhere
+        the buffer is filled by whoever accumulates it, one job at a time: one buffer."""
+        return 2 if self.config.overlap_step and self.link.cuda else 1
 
     def add_observer(self, observer: Observer) -> RemovableHandle:
         """Attach telemetry: it sees every transfer (direction, kind, bytes) and every blocking section."""
@@ -119,8 +135,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self.drain()  # the host part must be current before columns change owner
             with self.observers.blocking("reselect"):
                 self._reselect()
+        in_background = self.config.overlap_step and not warm_up
+        copies = self._start_offload(in_background)  # CUDA: copies start now, beside the device update
         self._device_update()
-        self._offload_unselected_grads(in_background=self.config.overlap_step and not warm_up)
+        self._accumulate(copies, in_background)
         self._since_boundary += 1
         if warm_up:
             self._boundary(overlap=False)  # warm-up: a full synchronous offload step
@@ -137,7 +155,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         the device to its selected columns, the host (worker) to the columns it accumulates. `p.grad` itself
         is left as backward produced it.
         """
-        self._clip_coef = None
+        self._clip_coef = self._clip_coef_host = None
         if not self.skip_nonfinite:
             return True
         grads = [p.grad for p in self._params() if p.grad is not None]
@@ -145,10 +163,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             return True
         total = torch.nn.utils.get_total_norm(grads)
         with self.observers.blocking("clip_sync"):
-            finite = bool(torch.isfinite(total).item())  # device->host sync point
+            total_value = total.item()  # device->host sync point (the step's only one)
+        finite = math.isfinite(total_value)
         if finite and self.gradient_clipping > 0:
-            coef = torch.clamp(self.gradient_clipping / (total + 1e-6), max=1.0)  # torch's clip_grad_norm_ rule
-            self._clip_coef = coef.to(torch.float32)
+            # torch's clip_grad_norm_ rule, once on the device (no sync) and once on the host from the value
+            # just read (so the host part needs no second sync); the same fp32 expression on both sides
+            self._clip_coef = torch.clamp(self.gradient_clipping / (total.float() + 1e-6), max=1.0)
+            host_total = torch.tensor(total_value, dtype=torch.float32)
+            self._clip_coef_host = torch.clamp(self.gradient_clipping / (host_total + 1e-6), max=1.0)
         return finite
 
     def _selection_due(self) -> bool:
@@ -173,7 +195,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                         continue
                     st["d_step"] += 1
                     masters.append(st["d_master"])
-                    grads.append(_as_columns(p.grad).index_select(1, st["sel"]).float())
+                    grads.append(_as_columns(p.grad).index_select(1, st["sel"]).float())  # a fresh tensor
                     exp_avgs.append(st["d_exp_avg"])
                     exp_avg_sqs.append(st["d_exp_avg_sq"])
                     steps.append(st["d_step"])
@@ -182,14 +204,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                     st["step"] += 1
                     master = st["master"] if st["master"] is not None else p
                     masters.append(master)
-                    grads.append(p.grad.float())
+                    fresh = self._clip_coef is None or p.grad.dtype != torch.float32  # .float() aliases fp32
+                    grads.append(p.grad.float() if fresh else p.grad.clone())
                     exp_avgs.append(st["exp_avg"])
                     exp_avg_sqs.append(st["exp_avg_sq"])
                     steps.append(st["step"])
                     if st["master"] is not None:
                         writebacks.append((p, st))
             if self._clip_coef is not None and grads:
-                grads = torch._foreach_mul(grads, self._clip_coef)  # out of place: p.grad stays as it was
+                torch._foreach_mul_(grads, self._clip_coef)  # on copies: p.grad stays as backward produced it
             adamw_(masters, grads, exp_avgs, exp_avg_sqs, steps, _hyper(group))
             for p, st in writebacks:
                 if "host" in st:
@@ -197,46 +220,72 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 else:
                     p.copy_(st["master"])
 
-    def _offload_unselected_grads(self, in_background: bool) -> None:
-        """Only the unselected gradient columns cross to the host, where they are summed in fp32.
+    def _start_offload(self, in_background: bool) -> list[GradCopy]:
+        """Only the unselected gradient columns cross to the host. Count their bytes and start their copies.
 
-        With overlap_step the worker does it, from this step's gradient tensors, while the next forward runs:
-        `zero_grad()` (set_to_none, torch's default) replaces those tensors instead of writing into them.
+        CUDA: the copies start now on the d2h stream, after this point of the compute stream (the gradients and
+        the clip coefficient are final), into pinned staging; nothing here waits, and no job keeps a device
+        tensor, so `zero_grad()` frees the gradients at once. CPU device: the copy is done by whoever accumulates
+        (the worker in overlap mode), from the gradient tensor the job holds.
         """
-        items = []
+        if in_background:
+            self._backpressure()  # the staging buffer about to be written must have been read
+        turn = self._staging_turn % self._n_staging
+        self._staging_turn += 1
+        ready = self.link.compute_event()
+        copies = []
         for p in self._params():
             st = self.state[p]
-            part: HostColumns | None = st.get("host")
-            if p.grad is None or part is None or part.n_host == 0:
+            if not _offloads(p, st):
                 continue
-            items.append((part, _as_columns(p.grad), st["unsel"]))
-            self.observers.transfer("d2h", "grads", part.grad_staging.numel() * p.grad.element_size())
-            if self.config.auto_update and st["sel"].numel():
-                self._sel_mass.append(_rms(_as_columns(p.grad).index_select(1, st["sel"])))
-        coef = None if self._clip_coef is None else self._clip_coef.cpu()  # already synced by the finiteness check
-        ready = None
-        if self.link.cuda:  # the worker's copies must start after backward (and clipping) on the compute stream
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(self.device))
-        job = functools.partial(accumulate_, self.link, items, self._slot, coef, ready)
+            part: HostColumns = st["host"]
+            staging = part.grad_staging[turn]
+            self.observers.transfer("d2h", "grads", staging.numel() * p.grad.element_size())
+            grad = _as_columns(p.grad)
+            if self.link.cuda:
+                done = self.link.gather_to_host(grad, st["unsel"], staging, ready)
+                copies.append(GradCopy(part, staging, done=done))
+            else:
+                copies.append(GradCopy(part, staging, grad=grad, columns=st["unsel"]))
+        return copies
+
+    def _accumulate(self, copies: list[GradCopy], in_background: bool) -> None:
+        """Add the copies into the fp32 accumulators: inline, or as a worker job (overlap_step)."""
+        report = self._selected_mass() if self.config.auto_update else None
+        job = functools.partial(accumulate_, self.link, copies, self._slot, self._clip_coef_host,
+                                report is not None)
         if in_background:
-            self._submit(job)
+            result = self._submit(job)
+            self._accumulations.append(result)
         else:
-            job()
+            result = job()
+        if report is not None:
+            report.accumulated = result  # the worker's list of masses, or the future of it
+            self._auto_history.append(report)
+
+    def _backpressure(self) -> None:
+        """At most one accumulation queued behind the running one: wait (a stall) for older ones. This bounds
+        the gradient sets background work holds (CPU device) and frees the staging buffer about to be reused."""
+        while len(self._accumulations) > 1:
+            oldest = self._accumulations.pop(0)
+            if not oldest.done():
+                with self.observers.blocking("host_wait"):
+                    self._worker.wait(oldest)  # sync point: the host part is slower than a step
 
     def _boundary(self, overlap: bool) -> None:
         """Host AdamW on the accumulated unselected gradients; upload now (sync) or at the next boundary."""
         self.host_updates += 1
         self._since_boundary = 0
-        self._sel_mass.clear()
-        job = functools.partial(_after_uploads, self._upload_events, self._host_groups(), self._slot)
+        self._auto_history.clear()
         if not overlap:
             with self.observers.blocking("host_update"):
-                job()
+                _after_uploads(self._upload_events, self._host_groups(), self._slot)
             self._upload()
             return
         if self._pending is not None:
             self._finish_pending()  # boundary b+1 applies the result of boundary b
+        # built after _finish_pending: the job must wait for *that* upload's copies (audit item 5)
+        job = functools.partial(_after_uploads, self._upload_events, self._host_groups(), self._slot)
         self._pending = self._submit(job)  # queued after this interval's accumulations (FIFO)
         self._slot = 1 - self._slot  # double buffer: keep accumulating while the worker reads the other one
 
@@ -275,24 +324,38 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return [([self.state[p]["host"] for p in g["params"] if "host" in self.state.get(p, {})], _hyper(g))
                 for g in self.param_groups]
 
-    # ---- "auto" update interval -----------------------------------------------------------------------------
+    # ---- "auto" update interval (zenflow/auto_interval.py) --------------------------------------------------
+    def _selected_mass(self) -> MassReport:
+        """This step's RMS per element of the selected gradient columns of every mixed column param, computed on
+        the device and copied to the host without a wait (read AUTO_LAG steps later)."""
+        report, masses, position = MassReport(), [], 0
+        for key, p in enumerate(self._params()):
+            st = self.state[p]
+            if not _offloads(p, st):
+                continue  # no copy (and no accumulated mass) for this param this step
+            if st["sel"].numel():
+                report.keys.append(key)
+                report.positions.append(position)
+                masses.append(_rms(_as_columns(p.grad).index_select(1, st["sel"])))
+            position += 1
+        if masses:
+            values = torch.stack(masses)
+            if self._clip_coef is not None:
+                values = values * self._clip_coef  # the host part accumulates clipped gradients too
+            report.selected = self.link.host_empty((len(masses),), torch.float64)
+            report.selected.copy_(values, non_blocking=self.link.cuda)
+            report.selected_ready = self.link.compute_event()
+        return report
+
     def _auto_boundary_due(self) -> bool:
-        """Fire when, for at least auto_ratio of the column params, the accumulated unselected gradient (RMS per
-        element of the running sum) has caught up with the mean RMS of the selected gradient; capped."""
-        if self._since_boundary >= self.config.max_update_interval:
-            return True
-        parts = [self.state[p] for p in self._params() if "host" in self.state[p]]
-        mixed = [st for st in parts if st["sel"].numel() and st["host"].n_host and st["host"].counts[self._slot]]
-        if not mixed:
-            return True  # nothing is selected (pure offload) or nothing is left to the host
-        self._quiesce()  # the accumulators must hold this step's gradient (overlap: a sync point)
-        caught_up = 0
-        for i, st in enumerate(mixed):
-            part = st["host"]
-            acc_rms = _rms(part.accumulators[self._slot])
-            sel_rms = torch.stack(self._sel_mass[i::len(mixed)]).mean().cpu()  # device->host sync point
-            caught_up += int(acc_rms >= sel_rms)
-        return caught_up >= self.config.auto_ratio * len(mixed)
+        return boundary_due(self._auto_history, self._since_boundary, AUTO_LAG, self.config.max_update_interval,
+                            self.config.auto_ratio, self._wait_for)
+
+    def _wait_for(self, future: Future) -> object:
+        if future.done():
+            return self._worker.wait(future)
+        with self.observers.blocking("host_wait"):
+            return self._worker.wait(future)  # sync point: only if the worker is behind the backpressure bound
 
     # ---- selection ------------------------------------------------------------------------------------------
     def _reselect(self) -> None:
@@ -302,7 +365,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 grad = _as_columns(p.grad)
                 k = num_selected(grad.shape[1], self.config.topk_ratio)
                 move_columns(st, select_columns(grad, k, self.config.column_norm), self.link,
-                             _hyper(self._group_of(p)), p.dtype, self._n_accumulators)
+                             _hyper(self._group_of(p)), p.dtype, self._n_accumulators, self._n_staging)
 
     def _group_of(self, p: torch.Tensor) -> dict:
         return next(g for g in self.param_groups if any(q is p for q in g["params"]))
@@ -332,6 +395,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 for future in self._jobs:
                     self._worker.wait(future)
             self._jobs.clear()
+        self._accumulations.clear()
 
     def _check_worker_jobs(self) -> None:
         """Raise now if a background job failed or the worker died with work in flight (never hang)."""
@@ -356,6 +420,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self._worker.close()
             self._pending = None
             self._jobs.clear()
+            self._accumulations.clear()
         if self._saved_compute_layout is not None:
             cores, threads = self._saved_compute_layout
             os.sched_setaffinity(0, cores)
@@ -384,13 +449,19 @@ def _after_uploads(events: list, groups: list, slot: int) -> None:
     host_adamw_(groups, slot)
 
 
+def _offloads(p: torch.Tensor, st: dict) -> bool:
+    """Whether this step sends columns of `p`'s gradient to the host."""
+    return p.grad is not None and "host" in st and st["host"].n_host > 0
+
+
 def _as_columns(t: torch.Tensor) -> torch.Tensor:
     """View a parameter (or its gradient) as `[out, in]`: columns are dim 1."""
     return t.view(t.shape[0], -1)
 
 
 def _rms(t: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(t.float()) / max(1, t.numel()) ** 0.5
+    """RMS per element, summed in fp64 so that the thread count (sync vs overlap) cannot flip a near tie."""
+    return torch.linalg.vector_norm(t, dtype=torch.float64) / max(1, t.numel()) ** 0.5
 
 
 def _hyper(group: dict) -> AdamWHyper:

@@ -15,7 +15,7 @@ from zenflow.selection import complement
 
 
 def move_columns(st: dict, new_sel: torch.Tensor, link: Link, hp: AdamWHyper, model_dtype: torch.dtype,
-                 n_accumulators: int) -> None:
+                 n_accumulators: int, n_staging: int = 1) -> None:
     """Hand the columns that change owner (fp32 values and moments) to their new side; keep the rest."""
     part: HostColumns = st["host"]
     device = st["sel"].device
@@ -46,7 +46,8 @@ def move_columns(st: dict, new_sel: torch.Tensor, link: Link, hp: AdamWHyper, mo
         new_device[name] = _merge(new_sel.to(device), old_sel.to(device), on_device_buffer, entering.to(device),
                                   _send(link, moved_up, device, kind), on_device.to(device))
     st["host"] = HostColumns.create(**new_host, cols=new_unsel, model_dtype=model_dtype,
-                                    n_accumulators=n_accumulators, host_empty=link.host_empty, step=part.step)
+                                    n_accumulators=n_accumulators, host_empty=link.host_empty, step=part.step,
+                                    n_staging=n_staging)
     st.update({f"d_{name}": t for name, t in new_device.items()})
     st["sel"], st["unsel"] = new_sel.to(device), new_unsel.to(device)
     link.observers.transfer("h2d", "indices", new_unsel.numel() * 8)

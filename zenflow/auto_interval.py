@@ -1,0 +1,72 @@
+"""The "auto" update interval: when has the unselected gradient caught up with the selected one?
+
+Per step, for every *mixed* column param (some columns selected, some host-owned): the RMS per element of its
+selected gradient columns (computed on the device, copied to the host without a wait) and the RMS per element of
+the accumulated sum of its unselected columns after that step (computed by whoever accumulates: the worker in
+overlap mode, so the training thread never reads the accumulators). The boundary fires when, for at least
+`auto_ratio` of the mixed params, the accumulated mass as of `lag` steps ago is >= the mean selected mass over the
+same steps; or at the cap. The lag makes the decision independent of the worker's timing: sync and overlap fire at
+the same steps, on every run (docs/step-semantics.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class MassReport:
+    """One step's masses, keyed by the column param's index in the optimizer's parameter order."""
+
+    keys: list[int] = field(default_factory=list)       # the mixed column params of this step
+    positions: list[int] = field(default_factory=list)  # each key's place in the accumulation's list of masses
+    selected: torch.Tensor | None = None                # [len(keys)] fp64 on the host (CUDA: pinned, async copy)
+    selected_ready: torch.cuda.Event | None = None      # CUDA: that copy's event
+    accumulated: Future | list[float] | None = None     # the accumulation's masses, or the future of them
+
+    def selected_by_key(self) -> dict[int, float]:
+        if self.selected_ready is not None:
+            self.selected_ready.synchronize()  # long complete: the report is `lag` steps old when read
+            self.selected_ready = None
+        return dict(zip(self.keys, self.selected.tolist())) if self.keys else {}
+
+    def accumulated_by_key(self, wait: Callable[[Future], object]) -> dict[int, float]:
+        masses = wait(self.accumulated) if isinstance(self.accumulated, Future) else self.accumulated
+        return {key: masses[j] for key, j in zip(self.keys, self.positions)}
+
+    def to_state(self, wait: Callable[[Future], object]) -> dict[str, dict[int, float]]:
+        """Plain numbers for a checkpoint (waits for an unfinished accumulation)."""
+        return {"selected": self.selected_by_key(), "accumulated": self.accumulated_by_key(wait)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, dict[int, float]]) -> MassReport:
+        keys = sorted(int(k) for k in state["selected"])
+        selected = {int(k): v for k, v in state["selected"].items()}
+        accumulated = {int(k): v for k, v in state["accumulated"].items()}
+        return cls(keys=keys, positions=list(range(len(keys))),
+                   selected=torch.tensor([selected[k] for k in keys], dtype=torch.float64),
+                   accumulated=[accumulated[k] for k in keys])
+
+
+def boundary_due(history: list[MassReport], since_boundary: int, lag: int, max_interval: int, auto_ratio: float,
+                 wait: Callable[[Future], object]) -> bool:
+    """The decision after the `since_boundary`-th accumulated step of an interval; `history` holds one report per
+    step of the interval, oldest first."""
+    if since_boundary >= max_interval or not history[-1].keys:
+        return True  # the cap, or nothing mixed (pure offload, or nothing left to the host): every step
+    if since_boundary <= lag:
+        return False
+    known = history[:since_boundary - lag]  # the steps whose masses are surely in
+    accumulated = known[-1].accumulated_by_key(wait)
+    if not accumulated:
+        return True
+    selected = [report.selected_by_key() for report in known]
+    caught_up = 0
+    for key, mass in accumulated.items():
+        seen = [s[key] for s in selected if key in s]
+        caught_up += int(mass >= sum(seen) / len(seen))
+    return caught_up >= auto_ratio * len(accumulated)
