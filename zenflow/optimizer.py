@@ -167,10 +167,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         finite = math.isfinite(total_value)
         if finite and self.gradient_clipping > 0:
             # torch's clip_grad_norm_ rule, once on the device (no sync) and once on the host from the value
-            # just read (so the host part needs no second sync); the same fp32 expression on both sides
-            self._clip_coef = torch.clamp(self.gradient_clipping / (total.float() + 1e-6), max=1.0)
-            host_total = torch.tensor(total_value, dtype=torch.float32)
-            self._clip_coef_host = torch.clamp(self.gradient_clipping / (host_total + 1e-6), max=1.0)
+            # just read (so the host part needs no second sync); the same expression, in the norm's dtype
+            host_total = torch.tensor(total_value, dtype=total.dtype)  # exact: .item() of that dtype
+            self._clip_coef = _clip_coefficient(self.gradient_clipping, total)
+            self._clip_coef_host = _clip_coefficient(self.gradient_clipping, host_total)
         return finite
 
     def _selection_due(self) -> bool:
@@ -447,6 +447,11 @@ def _after_uploads(events: list, groups: list, slot: int) -> None:
     for event in events:
         event.synchronize()
     host_adamw_(groups, slot)
+
+
+def _clip_coefficient(max_norm: float, total: torch.Tensor) -> torch.Tensor:
+    """torch's clip_grad_norm_ rule, computed in the norm's dtype, as fp32."""
+    return torch.clamp(max_norm / (total + 1e-6), max=1.0).to(torch.float32)
 
 
 def _offloads(p: torch.Tensor, st: dict) -> bool:
