@@ -414,7 +414,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def close(self, flush: bool = True) -> None:
         """Apply outstanding host updates (flush=True), stop the worker and give the compute cores back."""
-        if flush and self._worker is not None and self._worker.alive:
+        if flush and (self._worker is None or self._worker.alive):  # sync mode too: apply what is accumulated
             self.drain()
         if self._worker is not None:
             self._worker.close()
