@@ -1,10 +1,20 @@
 # Every target sets itself up from a clean clone: a virtual environment in .venv (reused when present).
+# VENV= (empty): use the interpreter at hand ($(PYTHON), e.g. PYTHON=/opt/conda/bin/python) as it is: no virtual
+# environment, no pip, no network; `install` only checks the imports and prints what is missing (README).
 PYTHON ?= python3
 VENV ?= .venv
-PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install test lint bench bench-compare reproduce-llama7b reproduce-glue project clean
+
+ifeq ($(strip $(VENV)),)
+PY := $(PYTHON)
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+install:
+	$(PY) zenflow/harness/preflight.py
+else
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 install: $(STAMP)
 
@@ -17,6 +27,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -c "import torch, deepspeed, zenflow; print('torch', torch.__version__, '| deepspeed', deepspeed.__version__)"
 	touch $(STAMP)
+endif
 
 test: install
 	$(PY) -m ruff check zenflow tests bench reproduce
@@ -41,6 +52,13 @@ bench-compare: install
 reproduce-llama7b: install
 	$(PY) reproduce/llama7b.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
+# First command on a GPU host (≤ 10 min on one H100; with the host's own torch: make gpu-check VENV=): environment,
+# CUDA-vs-CPU differential, overlap memory vs its bound, NVML PCIe bytes vs ours, every engine on a small Llama ->
+# results/gpu-check/<hardware-id>/. Here: the CPU part, and what it could not check. ARGS=--llama7b-shapes, --smoke.
+.PHONY: gpu-check
+gpu-check: install
+	$(PY) reproduce/gpu_check.py $(ARGS)
+
 # Cost model: calibrate on this machine (≈1 min), validate against the committed cpu-scale records, project to
 # A100 / H100 (results/costmodel/<hardware-id>/). ARGS=--no-calibrate reuses the calibration record;
 # ARGS=--run-validation reruns the cpu-scale validation runs first (≈30 min).
@@ -52,4 +70,4 @@ reproduce-glue: install
 	$(PY) reproduce/glue.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 clean:
-	rm -rf $(VENV)
+	$(if $(strip $(VENV)),rm -rf $(VENV),@echo "VENV= (the interpreter at hand): nothing to clean")

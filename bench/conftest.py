@@ -39,10 +39,12 @@ def environment() -> dict[str, Any]:
 
 def machine_facts(env: dict[str, Any]) -> dict[str, Any]:
     """The keys added to pytest-benchmark's machine_info (flat, so they show in its JSON at a glance)."""
+    from zenflow.telemetry.environment import visible_gpus
+
     nvml = env.get("nvml") or {}
-    devices = (nvml.get("devices") or []) if nvml.get("available") else []
-    names = [d.get("name") for d in devices] or list((env.get("torch") or {}).get("cuda_devices") or [])
-    link = devices[0] if devices else {}
+    devices = visible_gpus(env)  # the GPUs this run uses, in torch's order (not every GPU on the host: audit 13)
+    names = [d.get("name") for d in devices]
+    link = devices[0] if devices else {}  # cuda:0, the device the benchmarks train on
     torch_info, git = env.get("torch") or {}, env.get("git") or {}
     return {
         "hardware_id": env.get("hardware_id"),

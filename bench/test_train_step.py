@@ -41,9 +41,10 @@ ZENFLOW_BLOCK = {"topk_ratio": 0.1, "update_interval": STEPS_PER_ROUND, "full_wa
                  "overlap_step": True, "select_strategy": "step", "select_interval": 64}
 TINY_SHAPE = {"hidden": 64, "layers": 2, "intermediate": 128, "heads": 4}
 
+# The cpu-scale workloads run on the CPU on every host (device "cpu"), so "cpu-scale" means the same everywhere.
 WORKLOADS: dict[str, dict] = (
-    {"cpu-scale-small": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, **TINY_SHAPE}} if SMALL else
-    {"cpu-scale": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16}})
+    {"cpu-scale-small": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, "device": "cpu", **TINY_SHAPE}}
+    if SMALL else {"cpu-scale": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, "device": "cpu"}})
 if CUDA and not SMALL:  # the GPU scenario: Llama-2-7B (or $MODEL, a hub id or a local path), bf16, sequence 512
     WORKLOADS["gpu"] = {"model": os.environ.get("MODEL", "meta-llama/Llama-2-7b-hf"), "dtype": "bf16", "seq_len": 512}
 
@@ -60,7 +61,7 @@ def test_train_step(benchmark, bench_records_dir: Path, workload: str, engine: s
                     "ZENFLOW_BENCH_SMOKE_DEEPSPEED=1 runs them too")
     shape = WORKLOADS[workload]
     ds_config = deepspeed_config(engine, ZENFLOW_BLOCK, shape["dtype"], micro_batch=1, lr=2e-5, weight_decay=0.01,
-                                 clipping=1.0, cuda=CUDA)
+                                 clipping=1.0, cuda=CUDA and shape.get("device") != "cpu")
     spec = RunSpec(engine=engine, label=f"bench/{workload}", workload=shape, ds_config=ds_config,
                    warmup_steps=WARMUP_ROUNDS * STEPS_PER_ROUND, timed_steps=ROUNDS * STEPS_PER_ROUND,
                    progress=False, extra={"steps_per_round": STEPS_PER_ROUND})

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from zenflow.harness.engines import ENGINES, deepspeed_config
+from zenflow.harness.preflight import PreflightError, check_cuda_usable
 from zenflow.harness.records import RunRecord, read_records
 from zenflow.harness.report import engine_rows, figure, runs_hardware_label, table, write_csv
 from zenflow.harness.runner import RunSpec, run_in_subprocess
@@ -34,13 +35,17 @@ SMOKE_SHAPE = {"hidden": 64, "layers": 2, "intermediate": 128, "heads": 4}
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     gpu = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.environ.get("MODEL") or ("meta-llama/Llama-2-7b-hf" if gpu else "cpu-scale"))
+    ap.add_argument("--model", default=None, help="default: $MODEL, else Llama-2-7B on a GPU host (cpu-scale with "
+                    "--smoke or without a GPU)")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
-    ap.add_argument("--seq-len", type=int, default=512 if gpu else 16)
+    ap.add_argument("--seq-len", type=int, default=None, help="default: 512 on a GPU host, 16 otherwise")
     ap.add_argument("--micro-batch", type=int, default=1)
-    ap.add_argument("--num-gpus", type=int, default=max(1, torch.cuda.device_count()),
-                    help="GPUs for the DeepSpeed engines (DeepSpeed launcher); ours run on one")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="where the engines train: auto = CUDA when torch can use it, else the CPU")
+    ap.add_argument("--num-gpus", type=int, default=1,
+                    help="GPUs (ranks) per run: > 1 needs --engines ds-zero-offload ds-zenflow (DeepSpeed launcher, "
+                    "one table per world size); our reference engines are single-GPU")
     ap.add_argument("--data", default="auto", help="Alpaca JSON path, 'synthetic', or 'auto'")
     ap.add_argument("--repeats", type=int, default=2, help="rounds; engines interleaved within each round")
     ap.add_argument("--warmup-steps", type=int, default=8)
@@ -49,7 +54,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-overhead-check", action="store_true", help="skip the run without telemetry")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 4+4 steps (for the test suite)")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    small = args.smoke or not gpu  # the smoke run is the tiny cpu-scale shape on every host
+    args.model = args.model or os.environ.get("MODEL") or ("cpu-scale" if small else "meta-llama/Llama-2-7b-hf")
+    args.seq_len = args.seq_len or (16 if small else 512)
+    ours = [e for e in args.engines if not e.startswith("ds-")]
+    if args.num_gpus < 1 or (args.num_gpus > 1 and ours):
+        ap.error(f"--num-gpus {args.num_gpus} with {', '.join(ours) or 'no engines'}: our reference engines run on "
+                 "one GPU and a table never mixes world sizes; for a multi-GPU DeepSpeed run pass "
+                 "--engines ds-zero-offload ds-zenflow")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,8 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         report(read_records(out), out, env)
         return 0
+    try:  # a GPU host whose torch cannot use CUDA would silently train on the CPU under the GPU's hardware id
+        check_cuda_usable()
+    except PreflightError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     workload = {"model": args.model, "dtype": args.dtype, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
-                "data": args.data, **(SMOKE_SHAPE if args.smoke else {})}
+                "data": args.data, "device": args.device, **(SMOKE_SHAPE if args.smoke else {})}
     steps = dict(warmup_steps=4, timed_steps=4) if args.smoke else dict(warmup_steps=args.warmup_steps,
                                                                         timed_steps=args.timed_steps)
     plan = [(r, e, True) for r in range(args.repeats) for e in args.engines]
@@ -70,36 +89,39 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for i, (rep, engine, telemetry) in enumerate(plan):
         cfg = deepspeed_config(engine, ZENFLOW_BLOCK, args.dtype, args.micro_batch, lr=2e-5, weight_decay=0.01,
-                               clipping=1.0, cuda=torch.cuda.is_available())
+                               clipping=1.0, cuda=torch.cuda.is_available() and args.device != "cpu")
         name = f"{engine}{'' if telemetry else '-no-telemetry'}-r{rep}.json"
         print(f"[{i + 1}/{len(plan)}] {name}", file=sys.stderr, flush=True)
         spec = RunSpec(engine=engine, label="llama7b", workload=workload, ds_config=cfg, telemetry=telemetry,
                        num_gpus=args.num_gpus, extra={"repeat": rep}, **steps)
-        record = run_in_subprocess(spec, out / name)
+        record = run_in_subprocess(spec, out / name)  # a ds-* engine without DeepSpeed: a "skipped" record
         if record.status != "ok":
-            print(f"  FAILED: {record.error.strip().splitlines()[-1] if record.error else '?'}", file=sys.stderr)
+            word = "SKIPPED" if record.status == "skipped" else "FAILED"
+            print(f"  {word}: {record.error.strip().splitlines()[-1] if record.error else '?'}", file=sys.stderr)
         records.append(record)
     report(records, out, env)
-    return 0 if all(r.status == "ok" for r in records) else 1
+    return 0 if all(r.status in ("ok", "skipped") for r in records) else 1
 
 
 def report(records: list[RunRecord], out: Path, env: dict) -> str:
     timed = [r for r in records if r.protocol.get("telemetry", True)]
-    rows = engine_rows(timed)
+    rows = engine_rows(timed)  # refuses records of different world sizes
     label = runs_hardware_label(records, env)
+    first = next((r for r in records if r.status == "ok"), records[0])  # a skipped record has no model facts
+    w, params = first.workload, first.model.get("parameters", 0) / 1e6
+    gpus = max((r["world_size"] or 1 for r in rows), default=1)
     text = [f"# Llama-2-7B scenario — {label}", "",
-            f"Model: {records[0].workload.get('model')} ({records[0].model.get('parameters', 0) / 1e6:.1f}M params,"
-            f" {records[0].workload.get('dtype')}), sequence {records[0].workload.get('seq_len')}, "
-            f"micro-batch {records[0].workload.get('micro_batch')}, data: {records[0].workload.get('data_source')}.",
+            f"Model: {w.get('model')} ({params:.1f}M params, {w.get('dtype')}), sequence {w.get('seq_len')}, "
+            f"micro-batch {w.get('micro_batch')}, data: {w.get('data_source')}. World size {gpus} "
+            f"({'one process per GPU, DeepSpeed launcher' if gpus > 1 else 'every engine on one device'}).",
             f"ZenFlow block: {ZENFLOW_BLOCK}. Step times are means over whole update cycles; medians of the runs.",
             "", table(rows), ""]
     text += regime_notes(rows, records)
     (out / "table.md").write_text("\n".join(text) + "\n")
     write_csv(rows, out / "table.csv")
-    if rows:
+    if any(r["cycle_mean_ms"] for r in rows):
         figure(rows, out / "figure.png", "ZenFlow vs ZeRO-Offload, Llama scenario",
-               f"{label}; {records[0].model.get('parameters', 0) / 1e6:.0f}M params, "
-               f"{records[0].workload.get('dtype')}, seq {records[0].workload.get('seq_len')}")
+               f"{label}; {params:.0f}M params, {w.get('dtype')}, seq {w.get('seq_len')}")
     print("\n".join(text))
     return "\n".join(text)
 
@@ -134,9 +156,12 @@ def regime_notes(rows: list[dict], records: list[RunRecord]) -> list[str]:
         notes.append(f"- Same run with vs without the optimizer observer (ref-zenflow, median of runs): "
                      f"{100 * overhead:+.1f}% (separate runs: this includes the run-to-run noise of a shared "
                      "machine; the direct measurement above isolates the telemetry itself)")
-    failed = [f"{r.engine}" for r in records if r.status != "ok"]
+    failed = [f"{r.engine}" for r in records if r.status not in ("ok", "skipped")]
     if failed:
         notes.append(f"- FAILED runs (see their records): {', '.join(failed)}")
+    skipped = sorted({r.engine for r in records if r.status == "skipped"})
+    if skipped:
+        notes.append(f"- Not run: {', '.join(skipped)} (DeepSpeed is not installed in this environment)")
     return notes
 
 

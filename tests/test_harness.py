@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from zenflow.harness import records as records_module
 from zenflow.harness.engines import deepspeed_config
@@ -106,8 +107,16 @@ def test_a_run_record_holds_timings_bytes_environment_and_nvml_status(tmp_path, 
     assert record.status == "ok", record.error
     timed = [s for s in record.steps if s["kind"] != "warmup"]
     assert len(timed) == 4 and all(s["period_ms"] > 0 for s in timed)
-    assert record.environment["hardware_id"].startswith("cpu-scale")
-    assert record.nvml["available"] is False and record.nvml["reason"]
+    # The GPU form on a GPU host (audit item 7): the hardware id names the GPUs, the run's device is CUDA.
+    nvml_gpus = bool(record.environment["nvml"].get("available") and record.environment["nvml"].get("devices"))
+    gpu_host = nvml_gpus or torch.cuda.is_available()
+    assert record.environment["hardware_id"].startswith("cpu-scale") is not gpu_host
+    assert record.protocol["device"].startswith("cuda" if torch.cuda.is_available() else "cpu")
+    assert record.protocol["num_gpus"] == 1 and record.protocol["world_size"] == 1
+    if nvml_gpus:
+        assert record.nvml["available"] is True, record.nvml
+    else:
+        assert record.nvml["available"] is False and record.nvml["reason"]
     if engine == "ref-offload":
         assert record.summary["grad_param_bytes_per_step_over_model_bytes"] == pytest.approx(2.0)
     if engine == "ref-zenflow":

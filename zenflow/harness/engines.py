@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import os
 import socket
-import time
+import sys
 from typing import Any
 
 import torch
@@ -62,9 +62,10 @@ class Engine:
     stall_includes_io = False  # DeepSpeed's step cannot be split into copies and CPU Adam from outside
 
     def __init__(self, name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
-                 telemetry: bool = True, repair_weight_view: bool = False) -> None:
+                 telemetry: bool = True, repair_weight_view: bool = False, device: str = "auto") -> None:
         self.name, self.model, self.ds_config, self.timeline = name, model, ds_config, timeline
         self.telemetry, self.repair_weight_view = telemetry, repair_weight_view
+        self.device = resolve_device(device)
 
     def train_step(self, batch: torch.Tensor, timing: StepTiming) -> float:
         raise NotImplementedError
@@ -81,9 +82,7 @@ class TorchEngine(Engine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        self.model.to(device)
-        self.device = device
+        self.model.to(self.device)  # the spec's device, not whatever is available (audit items 7, 26)
         params = self.ds_config["optimizer"]["params"]
         self.clipping = self.ds_config["gradient_clipping"]
         if self.name == "no-offload":
@@ -95,18 +94,21 @@ class TorchEngine(Engine):
                 self.optimizer.add_observer(self.timeline)
 
     def train_step(self, batch: torch.Tensor | dict[str, torch.Tensor], timing: StepTiming) -> float:
-        start = time.perf_counter()
+        # Phase marks are CUDA events on a GPU: the timeline sets forward_backward_ms / optimizer_ms from when the
+        # device got there, not from when the host launched it (audit item 3), once the step's events completed.
+        self.timeline.use_device(self.device)
+        self.timeline.mark("forward")
         loss = self.model(**_model_inputs(batch, self.device)).loss
         loss.backward()
-        after_backward = time.perf_counter()
+        self.timeline.mark("backward")
         updates = getattr(self.optimizer, "host_updates", None)
         if self.name == "no-offload" and self.clipping > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        value = loss.item()  # device->host sync point, once per step for every engine
-        timing.forward_backward_ms = (after_backward - start) * 1e3
-        timing.optimizer_ms = (time.perf_counter() - after_backward) * 1e3
+        self.timeline.mark("optimizer")
+        # device->host sync point, once per step for every engine: the next step starts with the device idle
+        value = loss.item()
         if isinstance(self.optimizer, ZenFlowAdamW):
             warm = self.optimizer.t <= self.optimizer.config.full_warm_up_rounds
             timing.kind = "warmup" if warm else "update" if self.optimizer.host_updates > updates else "accumulate"
@@ -131,6 +133,8 @@ class DeepSpeedEngine(Engine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.device.type == "cpu":  # DeepSpeed picks CUDA whenever it can; a cpu workload must stay on the CPU
+            _pin_deepspeed_to_cpu()
         import deepspeed
 
         _single_process_env()
@@ -139,9 +143,10 @@ class DeepSpeedEngine(Engine):
 
             repair_zenflow_weight_view()  # opt-in diagnosis of divergence G, recorded in the run's protocol
         if not torch.distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         self.engine, *_ = deepspeed.initialize(model=self.model, model_parameters=self.model.parameters(),
                                                config=self.ds_config)
+        self.device = self.engine.device  # this rank's device (the launcher's LOCAL_RANK under multi-GPU)
         zero = self.ds_config["zero_optimization"]
         block = zero.get("zenflow") or {}
         self.interval = block.get("update_interval", 1) if isinstance(block.get("update_interval", 1), int) else 1
@@ -149,16 +154,16 @@ class DeepSpeedEngine(Engine):
         self.steps = 0
 
     def train_step(self, batch: torch.Tensor | dict[str, torch.Tensor], timing: StepTiming) -> float:
-        start = time.perf_counter()
+        self.timeline.use_device(self.device)
+        self.timeline.mark("forward")
         loss = self.engine(**_model_inputs(batch, self.engine.device)).loss
         self.engine.backward(loss)
-        after_backward = time.perf_counter()
+        self.timeline.mark("backward")  # on a GPU: when the device finished backward, not when it was launched
         self.engine.step()
+        # DeepSpeed's step is CPU Adam + copies + waits; from outside it is all "stall (incl. I/O)", from the end of
+        # backward on the device (the backward tail stays compute) to the end of the step's device work.
+        self.timeline.mark("optimizer", stall_since="backward")
         value = loss.item()  # device->host sync point, once per step for every engine
-        timing.forward_backward_ms = (after_backward - start) * 1e3
-        timing.optimizer_ms = (time.perf_counter() - after_backward) * 1e3
-        # DeepSpeed's step is CPU Adam + copies + waits; from outside it is all "stall (incl. I/O)"
-        timing.stall_ms = timing.optimizer_ms
         since = self.steps - self.warm_up
         self.steps += 1
         timing.kind = ("warmup" if since < 0 else
@@ -170,8 +175,9 @@ class DeepSpeedEngine(Engine):
 
 
 def make_engine(name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
-                telemetry: bool = True, repair_weight_view: bool = False) -> Engine:
-    """Build the engine (`repair_weight_view`: DeepSpeed engines only, see ds_divergences.py), and record in
+                telemetry: bool = True, repair_weight_view: bool = False, device: str = "auto") -> Engine:
+    """Build the engine on `device` ("auto": CUDA when available, else the CPU; "cpu"; "cuda[:N]"; see
+    resolve_device) (`repair_weight_view`: DeepSpeed engines only, see ds_divergences.py), and record in
     `engine.weights_changed_at_init` the parameters whose values its construction changed (beyond the cast to the
     training dtype). It should be empty: a non-empty list means the model trains from other weights than the ones
     it was given (DeepSpeed 0.19.8 ZenFlow stage 1/2: divergence G)."""
@@ -179,7 +185,7 @@ def make_engine(name: str, model: torch.nn.Module, ds_config: dict[str, Any], ti
     before = _weight_fingerprints(model)
     if repair_weight_view and kind is not DeepSpeedEngine:
         raise ValueError(f"repair_weight_view applies to DeepSpeed engines only, not {name!r}")
-    engine = kind(name, model, ds_config, timeline, telemetry, repair_weight_view)
+    engine = kind(name, model, ds_config, timeline, telemetry, repair_weight_view, device)
     after = _weight_fingerprints(model)
     engine.weights_changed_at_init = [n for n, v in before.items()
                                       if n in after and not torch.equal(v.to(after[n].dtype), after[n])]
@@ -210,6 +216,34 @@ def _model_inputs(batch: torch.Tensor | dict[str, torch.Tensor], device: torch.d
         return {k: v.to(device) for k, v in batch.items()}
     batch = batch.to(device)
     return {"input_ids": batch, "labels": batch}
+
+
+def resolve_device(device: str) -> torch.device:
+    """The workload's device: "auto" is CUDA when available, else the CPU; "cpu" forces the CPU (the cpu-scale
+    workload of bench and the golden curve, so they mean the same on a GPU host); "cuda[:N]" must be usable."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device = {device!r} is not allowed: expected 'auto', 'cpu' or 'cuda[:N]'") from exc
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device = {device!r} is not allowed: expected 'auto', 'cpu' or 'cuda[:N]'")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device = {device!r} but torch.cuda.is_available() is False (torch {torch.__version__}, "
+                         f"built for CUDA {torch.version.cuda})")
+    return resolved
+
+
+def _pin_deepspeed_to_cpu() -> None:
+    """DS_ACCELERATOR=cpu before DeepSpeed first resolves its accelerator (it caches the choice per process; the
+    harness also sets it in the child's environment, since capturing the environment resolves it first)."""
+    ds_accel = sys.modules.get("deepspeed.accelerator.real_accelerator")
+    chosen = getattr(ds_accel, "ds_accelerator", None) if ds_accel else None
+    if chosen is not None and chosen.device_name() != "cpu":
+        raise RuntimeError(f"device = 'cpu' but DeepSpeed already chose the {chosen.device_name()!r} accelerator "
+                           "in this process; run the cpu workload in a fresh process (the harness does)")
+    os.environ["DS_ACCELERATOR"] = "cpu"
 
 
 def _single_process_env() -> None:

@@ -166,6 +166,7 @@ def execute_glue(spec: Any) -> Any:
                        "threads": torch.get_num_threads(), "telemetry": spec.telemetry, "epochs": w["epochs"],
                        "steps_per_epoch": len(plan) // w["epochs"], "stall_includes_io": engine.stall_includes_io,
                        "weights_changed_at_init": len(engine.weights_changed_at_init),
+                       "attribution": timeline.use_device(engine.device), "peak_memory": timeline.memory,
                        **spec.extra}
     record.warnings += init_warnings(engine)
     train_start, closed = time.perf_counter(), False

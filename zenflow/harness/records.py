@@ -128,4 +128,18 @@ def summarize_steps(steps: list[dict[str, Any]], cycle: int, model_bytes: int | 
         "grad_param_bytes_per_step_over_model_bytes": (moved / model_bytes) if moved is not None and model_bytes
         else None,
         "final_loss": next((s["loss"] for s in reversed(steps) if s.get("loss") is not None), None),
+        "peak_memory": peak_memory(timed),
     }
+
+
+NO_PEAKS = ("not measured: no step carries CUDA allocator peaks (the run trained on the CPU, or its record was "
+            "written before peaks were recorded)")
+
+
+def peak_memory(timed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The largest per-step allocator peaks over the timed steps (CUDA; audit item 25), or None and why not."""
+    allocated = [s["peak_memory_allocated_bytes"] for s in timed if s.get("peak_memory_allocated_bytes") is not None]
+    reserved = [s["peak_memory_reserved_bytes"] for s in timed if s.get("peak_memory_reserved_bytes") is not None]
+    if not allocated:
+        return {"allocated_bytes": None, "reserved_bytes": None, "reason": NO_PEAKS}
+    return {"allocated_bytes": max(allocated), "reserved_bytes": max(reserved) if reserved else None, "reason": None}

@@ -34,14 +34,44 @@ def runs_hardware_label(records: Sequence[RunRecord], fallback_env: dict[str, An
     return hardware_label(env)
 
 
+class MixedWorldSizeError(ValueError):
+    """Records of runs on different numbers of GPUs: one table would compare N-way sharded with single-GPU runs."""
+
+
+def run_world_size(record: RunRecord) -> int:
+    """Processes (GPUs) the run trained on; records from before it was recorded ran on one."""
+    return int(record.protocol.get("world_size", record.protocol.get("num_gpus", 1)))
+
+
+def check_one_world_size(records: Sequence[RunRecord]) -> None:
+    """Refuse to tabulate runs of different world sizes together (audit item 4)."""
+    sizes: dict[int, set[str]] = {}
+    for r in records:
+        if r.status == "ok":
+            sizes.setdefault(run_world_size(r), set()).add(r.engine)
+    if len(sizes) > 1:
+        found = "; ".join(f"world size {n}: {', '.join(sorted(engines, key=engine_rank))}"
+                          for n, engines in sorted(sizes.items()))
+        raise MixedWorldSizeError(f"records of different world sizes in one table ({found}): a multi-GPU DeepSpeed "
+                                  "run is not comparable with single-GPU runs; tabulate each world size separately")
+
+
 def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
-    """One row per engine: medians over its repeated runs of each run's summary value."""
+    """One row per engine: medians over its repeated runs of each run's summary value. An engine whose runs were
+    all skipped (DeepSpeed not installed) gets an empty row that says so. Mixed world sizes are refused."""
+    check_one_world_size(records)
     by_engine: dict[str, list[RunRecord]] = {}
+    skipped: dict[str, str] = {}
     for r in records:
         if r.status == "ok":
             by_engine.setdefault(r.engine, []).append(r)
+        elif r.status == "skipped":
+            skipped[r.engine] = "not installed" if "not installed" in (r.error or "") else "skipped"
     rows = []
-    for engine in sorted(by_engine, key=engine_rank):
+    for engine in sorted(set(by_engine) | set(skipped), key=engine_rank):
+        if engine not in by_engine:
+            rows.append(_empty_row(engine, skipped[engine]))
+            continue
         runs = by_engine[engine]
 
         def med(key: str, runs: list[RunRecord] = runs) -> float | None:
@@ -55,14 +85,24 @@ def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
                      "io_ms": med("io_ms"), "stall_ms": med("stall_ms"),
                      "bytes_ratio": med("grad_param_bytes_per_step_over_model_bytes"),
                      "final_loss": med("final_loss"),
-                     "stall_includes_io": any(r.protocol.get("stall_includes_io") for r in runs)})
+                     "stall_includes_io": any(r.protocol.get("stall_includes_io") for r in runs),
+                     "world_size": run_world_size(runs[0]), "note": None})
     index = {row["engine"]: row for row in rows}
     for row in rows:
         base = index.get(BASELINE)
-        row["speedup"] = (base["cycle_mean_ms"] / row["cycle_mean_ms"]) if base and row["cycle_mean_ms"] else None
+        row["speedup"] = (base["cycle_mean_ms"] / row["cycle_mean_ms"]
+                          if base and base["cycle_mean_ms"] and row["cycle_mean_ms"] else None)
         ref = index.get(STALL_BASELINE.get(row["engine"], ""))
-        row["stall_reduction"] = (1 - row["stall_ms"] / ref["stall_ms"]) if ref and ref["stall_ms"] else None
+        row["stall_reduction"] = (1 - row["stall_ms"] / ref["stall_ms"]
+                                  if ref and ref["stall_ms"] and row["stall_ms"] is not None else None)
     return rows
+
+
+def _empty_row(engine: str, note: str) -> dict[str, Any]:
+    keys = ("median_step_ms", "cycle_mean_ms", "accumulate_step_ms", "update_step_ms", "compute_ms", "io_ms",
+            "stall_ms", "bytes_ratio", "final_loss")  # the order of a measured row's keys (the CSV's columns)
+    return {"engine": engine, "runs": 0, **dict.fromkeys(keys), "stall_includes_io": False, "world_size": None,
+            "note": note}
 
 
 def _fmt(value: Any, spec: str = ".1f", missing: str = "—") -> str:
@@ -70,12 +110,14 @@ def _fmt(value: Any, spec: str = ".1f", missing: str = "—") -> str:
 
 
 def table(rows: list[dict[str, Any]], fmt: str = "github") -> str:
-    body = [[r["engine"], r["runs"], _fmt(r["median_step_ms"]), _fmt(r["cycle_mean_ms"]),
+    body = [[r["engine"] + (f" ({r['note']})" if r.get("note") else ""), r["runs"],
+             _fmt(r["median_step_ms"]), _fmt(r["cycle_mean_ms"]),
              _fmt(r["accumulate_step_ms"]), _fmt(r["update_step_ms"]), _fmt(r["compute_ms"]),
              "(in stall)" if r["stall_includes_io"] else _fmt(r["io_ms"]), _fmt(r["stall_ms"]),
              _fmt(r["speedup"], ".2f") + ("×" if r["speedup"] else ""),
              _fmt(r["stall_reduction"] and 100 * r["stall_reduction"], ".1f") + ("%" if r["stall_reduction"] else ""),
-             _fmt(r["bytes_ratio"], ".3f", missing="not measured"), _fmt(r["final_loss"], ".3f")]
+             _fmt(r["bytes_ratio"], ".3f", missing="—" if r.get("note") else "not measured"),
+             _fmt(r["final_loss"], ".3f")]
             for r in rows]
     return tabulate(body, headers=COLUMNS, tablefmt=fmt, disable_numparse=True)
 

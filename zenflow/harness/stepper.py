@@ -27,8 +27,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.records import RunRecord, summarize_steps
-from zenflow.harness.runner import RunSpec, _environment, _failed, _model_facts, _step_row
+from zenflow.harness.runner import RunSpec, _environment, _failed, _model_facts, _step_row, child_env
 
 
 class StepperError(RuntimeError):
@@ -39,16 +40,22 @@ class SteppedEngine:
     """Parent side: `with SteppedEngine(spec, out) as eng: eng.steps(4) ...; record = eng.finish()`."""
 
     def __init__(self, spec: RunSpec, out: str | Path, timeout_s: float = 3600) -> None:
+        if spec.num_gpus != 1:
+            raise ValueError(f"num_gpus = {spec.num_gpus}: a stepped engine is one process (bench is single-GPU)")
         self.spec, self.out, self.timeout_s = spec, Path(out), timeout_s
         self.out.unlink(missing_ok=True)
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(asdict(spec), f)
         self._spec_file = Path(f.name)
         self._buffer = b""
-        self.proc = subprocess.Popen([sys.executable, "-m", "zenflow.harness.stepper", f.name, str(self.out)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self._reply()  # the child is ready: model built, engine initialised
+        # A group of its own: close() stops the child and anything it started (DeepSpeed's overlap worker).
+        self.proc = start_group([sys.executable, "-m", "zenflow.harness.stepper", f.name, str(self.out)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=child_env(spec))
+        try:
+            self._reply()  # the child is ready: model built, engine initialised
+        except BaseException:  # no `with` block owns the child yet: stop it here
+            self.close()
+            raise
 
     def steps(self, n: int) -> None:
         """Run `n` training steps in the child; returns when the last one finished (its loss was read)."""
@@ -61,9 +68,14 @@ class SteppedEngine:
         return RunRecord.read(self.out)
 
     def close(self) -> None:
-        if self.proc.poll() is None:  # never leave a child running (failed test, Ctrl-C)
-            self.proc.kill()
-            self.proc.wait()
+        # Never leave a child or its children running (failed test, Ctrl-C, timeout): SIGTERM the group, grace,
+        # SIGKILL. Also after a clean finish, for anything the child left behind.
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()  # a child still reading its requests sees EOF and shuts its engine down
+            except OSError:
+                pass
+        stop_group(self.proc)
         self._spec_file.unlink(missing_ok=True)
         if not self.out.exists():
             _failed(self.spec, f"stepped child exited ({self.proc.returncode}) without a record").write(self.out)
@@ -120,7 +132,8 @@ class _Session:
                                 workload={**workload.to_dict(), "data_source": source},
                                 environment=_environment(), model=_model_facts(model))
         self.timeline = StepTimeline()
-        self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry)
+        self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry,
+                                  device=workload.device)
         self.sampler, self.sampling, self.i = NvmlSampler(), False, 0
 
     def steps(self, n: int) -> None:
@@ -133,8 +146,7 @@ class _Session:
                 timing.kind = "warmup"
             self.i += 1
         # End the round's last period here, so the time between rounds (the parent's bookkeeping) is not in it.
-        last = self.timeline.steps[-1]
-        last.period_ms = (time.perf_counter() - last.start) * 1e3
+        self.timeline.end_step()
 
     def finish(self) -> RunRecord:
         self.timeline.finish()
@@ -143,7 +155,10 @@ class _Session:
         record.nvml = self.sampler.result() if self.sampling else {"available": False, "reason": "no timed steps"}
         record.protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": max(0, self.i - spec.warmup_steps),
                            "cycle": spec.cycle, "stall_includes_io": self.engine.stall_includes_io,
-                           "telemetry": spec.telemetry, "stepped": True, **spec.extra}
+                           "num_gpus": 1, "world_size": 1, "device": str(self.engine.device),
+                           "telemetry": spec.telemetry, "stepped": True,
+                           "attribution": self.timeline.use_device(self.engine.device),
+                           "peak_memory": self.timeline.memory, **spec.extra}
         record.steps = [_step_row(t) for t in self.timeline.steps]
         if self.engine.transfer_bytes() is None:
             record.warnings.append(f"{spec.engine}: bytes not measured (no counters inside the engine; NVML needs "

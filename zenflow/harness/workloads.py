@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -39,6 +40,7 @@ class Workload:
     micro_batch: int = 1
     data: str = "auto"           # "auto", "synthetic", or a path to an Alpaca-format JSON / a text file
     seed: int = 1234
+    device: str = "auto"         # "auto" (CUDA when available, else CPU), "cpu", "cuda[:N]": engines.resolve_device
     # cpu-scale model shape (≈58M parameters: 32k vocab x 512 embeddings and head, 8 layers)
     hidden: int = 512
     layers: int = 8
@@ -48,6 +50,9 @@ class Workload:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise WorkloadError(f"workload.dtype = {self.dtype!r} is not allowed: expected one of {list(DTYPES)}")
+        if not isinstance(self.device, str) or self.device.split(":")[0] not in ("auto", "cpu", "cuda"):
+            raise WorkloadError(f"workload.device = {self.device!r} is not allowed: expected 'auto', 'cpu' or "
+                                "'cuda[:N]'")
         for name in ("seq_len", "micro_batch", "hidden", "layers", "intermediate", "heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise WorkloadError(f"workload.{name} = {getattr(self, name)!r} is not allowed: expected an int >= 1")
@@ -140,16 +145,29 @@ def _generated_texts(seed: int) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(200)) for _ in range(200)]
 
 
-def batches(w: Workload, tokenizer: Tokenizer, texts: list[str]) -> Iterator[torch.Tensor]:
-    """Packed token batches [micro_batch, seq_len], deterministic in the seed, cycling over the data forever."""
+def batches(w: Workload, tokenizer: Tokenizer, texts: list[str], rank: int | None = None,
+            world_size: int | None = None) -> Iterator[torch.Tensor]:
+    """Packed token batches [micro_batch, seq_len], deterministic in the seed, cycling over the data forever.
+
+    Sharded by rank (audit item 4): every rank shuffles the same batch starts with the same seed and takes every
+    `world_size`-th one from its `rank` on, so the ranks of a multi-GPU run train on disjoint batches (as
+    DistributedSampler does). `rank` and `world_size` default to the RANK and WORLD_SIZE the DeepSpeed launcher sets
+    (0 and 1 otherwise: a single process sees exactly the unsharded stream)."""
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise WorkloadError(f"rank = {rank}, world_size = {world_size}: expected 0 <= rank < world_size")
     stream: list[int] = []
     for text in texts:
         stream += list(tokenizer.encode(text)) + [tokenizer.eos_id]
     per_batch = w.micro_batch * w.seq_len
-    if len(stream) < per_batch:
-        raise WorkloadError(f"workload data has {len(stream)} tokens: expected at least {per_batch} for one batch")
+    if len(stream) < per_batch * world_size:
+        ranks = f" on each of {world_size} ranks" if world_size > 1 else ""
+        raise WorkloadError(f"workload data has {len(stream)} tokens: expected at least {per_batch * world_size} "
+                            f"for one batch{ranks}")
     starts = list(range(0, len(stream) - per_batch + 1, per_batch))
     random.Random(w.seed).shuffle(starts)
+    starts = starts[rank::world_size]
     while True:
         for start in starts:
             yield torch.tensor(stream[start:start + per_batch]).view(w.micro_batch, w.seq_len)

@@ -124,17 +124,28 @@ def capture_environment() -> dict[str, Any]:
     return env
 
 
-def _gpus(env: dict[str, Any]) -> tuple[list[str], int | None]:
-    """GPU names and max PCIe gen: NVML's view if it answers, else torch's names with the generation unknown."""
+def visible_gpus(env: dict[str, Any]) -> list[dict[str, Any]]:
+    """NVML's facts of the GPUs this process's torch uses, in torch's order (matched by PCI bus id, audit item 13):
+    a 1-GPU job on an 8-GPU host has one. Records from before the mapping (no `cuda_index`) list every GPU NVML
+    saw. Where NVML does not answer or cannot match them: torch's device names, link unknown."""
     nvml = env.get("nvml") or {}
-    if nvml.get("available") and nvml.get("devices"):
-        gens = [d["pcie_gen_max"] for d in nvml["devices"] if d.get("pcie_gen_max")]
-        return [d["name"] or "unknown-gpu" for d in nvml["devices"]], max(gens) if gens else None
-    return list(env.get("torch", {}).get("cuda_devices") or []), None
+    devices = (nvml.get("devices") or []) if nvml.get("available") else []
+    if devices and all("cuda_index" not in d for d in devices):
+        return devices
+    mapped = sorted((d for d in devices if d.get("cuda_index") is not None), key=lambda d: d["cuda_index"])
+    return mapped or [{"name": n} for n in (env.get("torch") or {}).get("cuda_devices") or []]
+
+
+def _gpus(env: dict[str, Any]) -> tuple[list[str], int | None]:
+    """Names and max PCIe gen of the GPUs the run uses (gen None where NVML did not report it)."""
+    devices = visible_gpus(env)
+    gens = [d["pcie_gen_max"] for d in devices if d.get("pcie_gen_max")]
+    return [d.get("name") or "unknown-gpu" for d in devices], max(gens) if gens else None
 
 
 def hardware_id(env: dict[str, Any]) -> str:
-    """Short filesystem-safe hardware class: 'cpu-scale-<cpu>-<n>c' or '<gpu>x<count>-pcie<gen>'."""
+    """Short filesystem-safe hardware class: 'cpu-scale-<cpu>-<n>c' or '<gpu>x<count>-pcie<gen>', counting only the
+    GPUs this process uses; a process whose torch cannot use CUDA ran on the CPU and is 'cpu-scale' (audit 16)."""
     names, gen = _gpus(env)
     if not names:
         return f"cpu-scale-{_slug(env['cpu']['model'] or 'unknown')}-{env['cpu']['allowed_cores']}c"

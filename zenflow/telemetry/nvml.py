@@ -3,6 +3,10 @@
 Nothing is estimated. Without a driver the result is `{"available": False, "reason": <NVML's own error string>}`;
 a metric or counter field the GPU refuses is marked unsupported with NVML's string, never filled in. TX/RX follow
 NVML's naming (the GPU's end of the link).
+
+Which GPUs: the ones this process's torch can use (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER applied), matched to
+NVML by PCI bus id (NVML numbers GPUs by PCI order and ignores CUDA_VISIBLE_DEVICES; audit item 13). Without CUDA in
+torch the sampler covers every GPU NVML sees and says so (`scope`).
 """
 
 from __future__ import annotations
@@ -71,6 +75,57 @@ def wrap_ambiguous(max_gap_s: float, bits: int | None, gen: int | None, width: i
     return None if per_lane is None or not width or not bits else max_gap_s * per_lane * width >= (1 << bits)
 
 
+TORCH_VISIBLE = "torch-visible"  # default of `bus_ids`: ask torch which GPUs this process uses
+
+
+def pci_bus_id(domain: int, bus: int, device: int) -> str:
+    """A PCI address as NVML spells it ("00000000:3b:00.0", function 0), from torch's integer device properties."""
+    return f"{domain:08x}:{bus:02x}:{device:02x}.0"
+
+
+def torch_pci_bus_ids() -> list[str | None] | None:
+    """PCI bus id of each CUDA device this process can use, in torch's order; None when torch cannot use CUDA.
+    An entry is None where this torch does not report PCI ids. Initialises CUDA in this process."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    ids: list[str | None] = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        bus = getattr(p, "pci_bus_id", None)
+        ids.append(None if bus is None else pci_bus_id(getattr(p, "pci_domain_id", 0), bus,
+                                                       getattr(p, "pci_device_id", 0)))
+    return ids
+
+
+def visible_handles(nv: Any, bus_ids: list[str | None]) -> tuple[list[tuple[int, int, Any, str]], list[str]]:
+    """(cuda index, NVML index, handle, bus id) of each of torch's devices NVML finds by PCI bus id, and an error
+    line for each it does not find (never guessed by index: NVML's and CUDA's orders differ)."""
+    found, errors = [], []
+    for cuda_index, bus in enumerate(bus_ids):
+        if bus is None:
+            errors.append(f"cuda:{cuda_index}: torch reports no PCI bus id")
+            continue
+        try:
+            handle = nv.nvmlDeviceGetHandleByPciBusId(bus)
+            found.append((cuda_index, nv.nvmlDeviceGetIndex(handle), handle, bus))
+        except nv.NVMLError as e:
+            errors.append(f"cuda:{cuda_index} (PCI {bus}): {e}")
+    return found, errors
+
+
+def counter_support(nv: Any, handle: Any) -> dict[str, str | None]:
+    """Whether the GPU answers the PCIe byte counter fields (197 TX, 198 RX; driver R555+): None = supported,
+    else NVML's error string."""
+    fields = [nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
+    try:
+        reads = [fv.nvmlReturn for fv in nv.nvmlDeviceGetFieldValues(handle, fields)]
+    except nv.NVMLError as e:
+        return {"tx": str(e), "rx": str(e)}
+    return {k: None if ret == nv.NVML_SUCCESS else str(nv.NVMLError(ret)) for k, ret in zip(("tx", "rx"), reads)}
+
+
 def _device_facts(nv: Any, handle: Any, index: int) -> dict[str, Any]:
     """Name and PCIe link (current and max) of one GPU; a refused query leaves None plus NVML's string in errors."""
     facts: dict[str, Any] = {"index": index, "errors": {}}
@@ -89,16 +144,27 @@ def _device_facts(nv: Any, handle: Any, index: int) -> dict[str, Any]:
     return facts
 
 
-def nvml_snapshot(nvml: Any = None) -> dict[str, Any]:
-    """Static facts read once: driver, and per GPU its name and PCIe link gen/width (current and max)."""
+def nvml_snapshot(nvml: Any = None, bus_ids: list[str | None] | None | str = TORCH_VISIBLE) -> dict[str, Any]:
+    """Static facts read once: driver, and per GPU on the host its name, PCIe link gen/width (current and max),
+    PCIe counter support, and `cuda_index` (its index in this process's torch, None if torch does not use it).
+    `bus_ids`: torch's devices' PCI bus ids (default: asked from torch; None: torch has no CUDA)."""
     nv = pynvml if nvml is None else nvml
     try:
         nv.nvmlInit()
     except nv.NVMLError as e:
         return {"available": False, "reason": str(e)}
     try:
-        devices = [_device_facts(nv, nv.nvmlDeviceGetHandleByIndex(i), i) for i in range(nv.nvmlDeviceGetCount())]
-        return {"available": True, "reason": None, "driver": nv.nvmlSystemGetDriverVersion(), "devices": devices}
+        ids = torch_pci_bus_ids() if bus_ids == TORCH_VISIBLE else bus_ids
+        visible, errors = visible_handles(nv, ids) if ids is not None else ([], [])
+        cuda_of = {nvml_index: (cuda_index, bus) for cuda_index, nvml_index, _, bus in visible}
+        devices = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            cuda_index, bus = cuda_of.get(i, (None, None))
+            devices.append(_device_facts(nv, handle, i) | {"cuda_index": cuda_index, "pci_bus_id": bus,
+                                                           "pcie_counters": counter_support(nv, handle)})
+        return {"available": True, "reason": None, "driver": nv.nvmlSystemGetDriverVersion(), "devices": devices,
+                "torch_cuda": ids is not None, "mapping_errors": errors}
     except nv.NVMLError as e:
         return {"available": False, "reason": str(e)}
     finally:
@@ -109,9 +175,14 @@ def nvml_snapshot(nvml: Any = None) -> dict[str, Any]:
 class NvmlSampler:
     """`with NvmlSampler() as s: ...; s.result()`. Pass `nvml=` only to substitute a recorded fake in tests."""
 
-    def __init__(self, device_indices: list[int] | None = None, interval_s: float = 0.05, nvml: Any = None) -> None:
+    def __init__(self, device_indices: list[int] | None = None, interval_s: float = 0.05, nvml: Any = None,
+                 bus_ids: list[str | None] | None | str = TORCH_VISIBLE) -> None:
+        """`device_indices`: NVML indices to sample; default: the GPUs this process's torch uses, found by PCI bus
+        id (`bus_ids`, asked from torch unless given; None: torch has no CUDA, so every GPU, scope "all")."""
         self._nv = pynvml if nvml is None else nvml
-        self._indices, self._interval = device_indices, interval_s
+        self._indices, self._interval, self._bus_ids = device_indices, interval_s, bus_ids
+        self._scope: str | None = None  # "explicit" | "visible" | "all" (which GPUs were sampled, and why)
+        self._mapping_errors: list[str] = []
         self._reason: str | None = "sampler not started"
         self._driver: str | None = None  # NVML's driver version string, once initialised
         self._devs: list[dict[str, Any]] = []
@@ -125,10 +196,8 @@ class NvmlSampler:
             nv.nvmlInit()
             self._initialised = True
             self._driver = nv.nvmlSystemGetDriverVersion()
-            indices = self._indices if self._indices is not None else range(nv.nvmlDeviceGetCount())
-            for i in indices:
-                handle = nv.nvmlDeviceGetHandleByIndex(i)
-                dev = _device_facts(nv, handle, i) | {"handle": handle}
+            for cuda_index, i, handle, bus in self._targets():
+                dev = _device_facts(nv, handle, i) | {"handle": handle, "cuda_index": cuda_index, "pci_bus_id": bus}
                 dev.update({k: [] for k in _SERIES}, ticks=0, reads=0, max_gap_s=0.0, last_t=None)
                 dev["counter"] = {k: {"last": None, "total": 0, "bits": None, "error": None} for k in ("tx", "rx")}
                 self._devs.append(dev)
@@ -140,6 +209,20 @@ class NvmlSampler:
         self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
         self._thread.start()
         return self
+
+    def _targets(self) -> list[tuple[int | None, int, Any, str | None]]:
+        """(cuda index, NVML index, handle, bus id) of the GPUs to sample; sets the scope that says why these."""
+        nv = self._nv
+        if self._indices is not None:
+            self._scope = "explicit"
+            return [(None, i, nv.nvmlDeviceGetHandleByIndex(i), None) for i in self._indices]
+        ids = torch_pci_bus_ids() if self._bus_ids == TORCH_VISIBLE else self._bus_ids
+        if ids is None:  # the run does not use a GPU: report every GPU on the host, labelled as such
+            self._scope = "all"
+            return [(None, i, nv.nvmlDeviceGetHandleByIndex(i), None) for i in range(nv.nvmlDeviceGetCount())]
+        self._scope = "visible"
+        found, self._mapping_errors = visible_handles(nv, ids)
+        return found
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -226,7 +309,8 @@ class NvmlSampler:
         """Plain JSON-serialisable summary; call after the `with` block."""
         if self._reason is not None:
             return {"available": False, "reason": self._reason, "driver": self._driver, "devices": []}
-        out = {"available": True, "reason": None, "driver": self._driver, "interval_s": self._interval}
+        out = {"available": True, "reason": None, "driver": self._driver, "interval_s": self._interval,
+               "scope": self._scope, "mapping_errors": list(self._mapping_errors)}
         return out | {"sampler_error": self._thread_error, "devices": [self._device_result(d) for d in self._devs]}
 
     @staticmethod
@@ -234,7 +318,8 @@ class NvmlSampler:
         tx, rx = d["counter"]["tx"], d["counter"]["rx"]
         valid = {k: c["error"] is None and c["last"] is not None for k, c in d["counter"].items()}
         bits = max(tx["bits"] or 0, rx["bits"] or 0)
-        return {k: d[k] for k in ("index", "name", "pcie_gen", "pcie_width", "pcie_gen_max", "pcie_width_max")} | {
+        keys = ("index", "cuda_index", "pci_bus_id", "name", "pcie_gen", "pcie_width", "pcie_gen_max", "pcie_width_max")
+        return {k: d[k] for k in keys} | {
             "tx_bytes": tx["total"] if valid["tx"] else None,
             "rx_bytes": rx["total"] if valid["rx"] else None,
             "counters": "nvml_fi" if all(valid.values()) else "unsupported",

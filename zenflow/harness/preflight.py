@@ -1,0 +1,87 @@
+"""Checks before any run: is CUDA usable where a GPU is present (audit item 16), is what the suite imports there.
+
+    python zenflow/harness/preflight.py          # the import check of `make ... VENV=` (stdlib only, no torch needed)
+    python zenflow/harness/preflight.py --cuda   # also: fail if NVML sees GPUs that torch cannot use
+
+`make <target> VENV=` uses the interpreter at hand (a cluster module, a container) without a virtualenv or pip; this
+file is what it runs instead of the install, so it imports nothing outside the standard library at module level.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+# import name -> (distribution, what needs it). REQUIRED: nothing in the harness runs without them.
+REQUIRED = {"torch": ("torch>=2.6", "everything"), "transformers": ("transformers>=4.56", "models"),
+            "tabulate": ("tabulate", "tables"), "tqdm": ("tqdm", "progress bars")}
+OPTIONAL = {
+    "deepspeed": ("deepspeed==0.19.8", "the ds-* engines (their rows say 'not installed')"),
+    "pynvml": ("nvidia-ml-py", "NVML telemetry (records say why it is absent)"),
+    "sentencepiece": ("sentencepiece", "the cpu-scale tokenizer"),
+    "mistral_common": ("mistral-common", "the cpu-scale tokenizer's model file"),
+    "datasets": ("datasets", "Alpaca from the hub (--data PATH avoids it)"),
+    "matplotlib": ("matplotlib", "figures"),
+    "scipy": ("scipy", "make bench-compare"),
+    "pytest": ("pytest", "make test"),
+    "pytest_benchmark": ("pytest-benchmark", "make bench, make test"),
+    "hypothesis": ("hypothesis", "make test"),
+    "yaml": ("pyyaml", "make test (workflow checks)"),
+    "ruff": ("ruff", "make lint, make test"),
+    "sklearn": ("scikit-learn", "GLUE metrics"),
+}
+
+
+class PreflightError(RuntimeError):
+    """The environment cannot give meaningful results (e.g. GPUs present that torch cannot use)."""
+
+
+def missing_imports(modules: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """The entries of `modules` whose import name is not importable here (found by spec, nothing is imported)."""
+    return {name: info for name, info in modules.items() if importlib.util.find_spec(name) is None}
+
+
+def check_cuda_usable(nvml: dict[str, Any] | None = None, cuda_available: bool | None = None) -> None:
+    """Raise PreflightError when NVML sees GPUs but `torch.cuda.is_available()` is False: training would silently
+    run on the CPU while NVML labels the records with the GPU's hardware id. `nvml` is an `nvml_snapshot()` result
+    (taken here when None); `cuda_available` overrides torch's answer (tests)."""
+    import torch
+
+    if nvml is None:
+        from zenflow.telemetry.nvml import nvml_snapshot
+
+        nvml = nvml_snapshot()
+    devices = (nvml.get("devices") or []) if nvml.get("available") else []
+    usable = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if devices and not usable:
+        names = ", ".join(sorted({str(d.get("name")) for d in devices}))
+        raise PreflightError(
+            f"NVML sees {len(devices)} GPU(s) ({names}; driver {nvml.get('driver')}) but torch cannot use CUDA: "
+            f"torch {torch.__version__} is built for CUDA {torch.version.cuda} (None = a CPU-only build). Install a "
+            "torch built for a CUDA version this driver supports (nvidia-smi shows the highest), or use the "
+            "interpreter that has one: make <target> VENV= PYTHON=/path/to/python")
+
+
+def main(argv: list[str]) -> int:
+    """Print what is missing; exit 1 when a required module is, or (--cuda) when CUDA is unusable on a GPU host."""
+    missing = missing_imports(REQUIRED)
+    for name, (dist, needed_by) in {**missing, **missing_imports(OPTIONAL)}.items():
+        kind = "REQUIRED" if name in missing else "optional"
+        print(f"{kind}: {name} missing (pip install '{dist}'): needed by {needed_by}", file=sys.stderr)
+    if missing:
+        return 1
+    print(f"imports ok for {sys.executable}", file=sys.stderr)
+    if "--cuda" in argv:
+        try:
+            check_cuda_usable()
+        except PreflightError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):  # run by path: do not let this folder's modules shadow installed ones
+        sys.path.pop(0)
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,70 @@
+"""Child processes that never outlive their run (audit item 9).
+
+Every run child is started in a session (and process group) of its own, so that everything it starts -- DeepSpeed
+launcher ranks, DeepSpeed's spawned ZenFlow worker, dataloader workers -- can be stopped together. `stop_group`
+sends SIGTERM to the whole group (the DeepSpeed launcher cleans up its ranks on SIGTERM, SIGKILL would orphan them
+with their GPU memory, NCCL ports and pinned host memory), waits a grace period, then SIGKILLs what is left.
+
+A session of its own also keeps the child out of the terminal's foreground group: Ctrl-C reaches the parent only,
+which then stops the group in order instead of every process dying at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+GRACE_S = 10.0  # SIGTERM -> SIGKILL; DeepSpeed's launcher needs a moment to terminate its ranks
+
+
+def start_group(cmd: list[str], **popen_kwargs: Any) -> subprocess.Popen:
+    """`subprocess.Popen(cmd, ...)` as the leader of a new session and process group (pgid == pid)."""
+    return subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of the group is still running. A zombie (exited, waiting for whoever adopted it to
+    reap it; in some containers nobody does) does not count: it holds no GPU, port or memory."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):  # PermissionError: the id now belongs to someone else's group
+        return False
+    try:
+        return any(_running_in(pgid, entry) for entry in os.scandir("/proc") if entry.name.isdigit())
+    except OSError:  # no /proc (not Linux): trust killpg
+        return True
+
+
+def _running_in(pgid: int, entry: os.DirEntry) -> bool:
+    try:
+        with open(os.path.join(entry.path, "stat")) as f:
+            state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]  # after "pid (comm)"
+    except (OSError, ValueError):
+        return False  # exited while we looked
+    return int(pgrp) == pgid and state != "Z"
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float | None = None) -> int | None:
+    """Stop `proc` and every process of its group: SIGTERM, up to `grace_s` (default GRACE_S) for all of them to
+    exit, then SIGKILL. Also called when the leader has already exited, to stop what it left behind. Returns the
+    leader's exit code."""
+    pgid = proc.pid  # start_group made it the group leader; the group id outlives the leader while members remain
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + (GRACE_S if grace_s is None else grace_s)
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader, else it stays a zombie member of its own group
+        if proc.returncode is not None and not group_alive(pgid):
+            return proc.returncode
+        time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+    return proc.wait()
