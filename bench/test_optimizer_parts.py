@@ -108,7 +108,7 @@ def link_case() -> tuple[Link, torch.Tensor, torch.Tensor, torch.Tensor]:
 def test_link_gather_to_host(benchmark, link_case, shape: str) -> None:
     link, grad, unselected, host = link_case
     benchmark.group = "link"
-    benchmark.pedantic(_synced(link.gather_to_host), args=(grad, unselected, host, "grads"), rounds=ROUNDS,
+    benchmark.pedantic(_synced(link.gather_to_host), args=(grad, unselected, host), rounds=ROUNDS,
                        warmup_rounds=WARMUP_ROUNDS)
     _info(benchmark, host.numel() * host.element_size(), columns=unselected.numel(), direction="d2h")
 

@@ -125,3 +125,19 @@ def test_the_baseline_update_refuses_a_run_that_lost_benchmarks(tmp_path):
     stored = subprocess.run(["git", "--git-dir", str(remote), "show", "bench-baseline:hw-test/baseline.json"],
                             capture_output=True, text=True, check=True).stdout
     assert len(json.loads(stored)["benchmarks"]) == 2
+
+
+def test_cpu_scale_trains_on_bytes_and_says_so_without_the_llama_tokenizer(monkeypatch):
+    """A GPU host's own environment often has neither sentencepiece nor mistral-common: the cpu-scale workload
+    (gpu-check's engines) still runs, on UTF-8 bytes inside Llama's vocabulary, and its name says why."""
+    import sys
+
+    from zenflow.harness.workloads import Tokenizer, Workload, batches
+
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)  # import fails as if not installed
+    w = Workload(model="cpu-scale", seq_len=8, hidden=64, layers=2, intermediate=128, heads=4)
+    tok = Tokenizer(w)
+    assert "sentencepiece not installed" in tok.name
+    assert tok.encode("hé") == [3 + b for b in "hé".encode()]
+    batch = next(batches(w, tok, ["some training text, long enough for one batch"] * 4))
+    assert batch.shape == (1, 8) and 0 <= int(batch.min()) and int(batch.max()) < tok.vocab_size

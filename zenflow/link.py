@@ -67,18 +67,18 @@ class Link:
         compute.wait_event(done)
         return done
 
-    def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor,
-                       ready: torch.cuda.Event | None = None) -> torch.cuda.Event | None:
+    def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor) -> torch.cuda.Event | None:
         """`dst[:] = src[:, columns]` with `src` on the device and `dst` on the host. Bytes are counted by the
         caller (background copies are counted when submitted, so each step's bytes are deterministic).
 
-        CUDA: gather and copy are *started* on the d2h stream after `ready` (an event recorded where `src` was
-        produced; the caller's current stream if None); returns the event to wait on before reading `dst`, with
-        no host wait here. The gathered temporary is allocated on the d2h stream and dropped at once (reused only
-        by later d2h work, which is ordered after this copy). CPU device: the gather writes straight into the
-        distinct host buffer, which is the copy; returns None.
+        CUDA: the gather runs on the caller's (compute) stream, where `src` was produced: a fast kernel, after which
+        the gradient itself is no longer needed, so `zero_grad()` frees it at once. Only the gathered block, one
+        set of the unselected columns, waits for the link: it is copied on the d2h stream and `record_stream` keeps
+        its memory until the copy is done. Returns the copy's event (wait on it before reading `dst`); no host wait
+        here. Every column (warm-up, ZeRO-Offload): no gather, the gradient is copied as it is. CPU device: the
+        gather writes straight into the distinct host buffer, which is the copy; returns None.
         """
-        every_column = columns.numel() == src.shape[1]  # warm-up, ZeRO-Offload: a plain copy, no gather
+        every_column = columns.numel() == src.shape[1]  # a plain copy, no gather
         if not self.cuda:
             with self.observers.blocking("copy_d2h"):
                 if every_column:
@@ -86,16 +86,14 @@ class Link:
                 else:
                     torch.index_select(src, 1, columns, out=dst)
             return None
-        producer = torch.cuda.current_stream(self.device)  # read before switching streams
+        compute = torch.cuda.current_stream(self.device)
+        block = src if every_column else src.index_select(1, columns)
+        gathered = torch.cuda.Event()
+        gathered.record(compute)
         with torch.cuda.stream(self.d2h_stream):
-            if ready is not None:
-                self.d2h_stream.wait_event(ready)
-            else:
-                self.d2h_stream.wait_stream(producer)
-            dst.copy_(src if every_column else src.index_select(1, columns), non_blocking=True)
-            src.record_stream(self.d2h_stream)  # the owner may free src (zero_grad) while this stream reads it
-            if columns.device == src.device:
-                columns.record_stream(self.d2h_stream)
+            self.d2h_stream.wait_event(gathered)
+            dst.copy_(block, non_blocking=True)
+            block.record_stream(self.d2h_stream)  # its owner drops it now; the allocator waits for this copy
             done = torch.cuda.Event()
             done.record(self.d2h_stream)
         return done

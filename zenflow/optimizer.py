@@ -223,16 +223,16 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def _start_offload(self, in_background: bool) -> list[GradCopy]:
         """Only the unselected gradient columns cross to the host. Count their bytes and start their copies.
 
-        CUDA: the copies start now on the d2h stream, after this point of the compute stream (the gradients and
-        the clip coefficient are final), into pinned staging; nothing here waits, and no job keeps a device
-        tensor, so `zero_grad()` frees the gradients at once. CPU device: the copy is done by whoever accumulates
-        (the worker in overlap mode), from the gradient tensor the job holds.
+        CUDA: the unselected columns are gathered now on the compute stream (before the device update is queued)
+        and their copies into pinned staging start on the d2h stream; nothing here waits, and no job keeps a
+        device tensor, so `zero_grad()` frees the gradients at once: only the gathered columns wait for the link.
+        CPU device: the copy is done by whoever accumulates (the worker in overlap mode), from the gradient tensor
+        the job holds.
         """
         if in_background:
             self._backpressure()  # the staging buffer about to be written must have been read
         turn = self._staging_turn % self._n_staging
         self._staging_turn += 1
-        ready = self.link.compute_event()
         copies = []
         for p in self._params():
             st = self.state[p]
@@ -243,7 +243,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self.observers.transfer("d2h", "grads", staging.numel() * p.grad.element_size())
             grad = _as_columns(p.grad)
             if self.link.cuda:
-                done = self.link.gather_to_host(grad, st["unsel"], staging, ready)
+                done = self.link.gather_to_host(grad, st["unsel"], staging)  # gathers now, copies later
                 copies.append(GradCopy(part, staging, done=done))
             else:
                 copies.append(GradCopy(part, staging, grad=grad, columns=st["unsel"]))

@@ -182,10 +182,10 @@ def execute(spec: RunSpec) -> RunRecord:
     torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
     workload = Workload(**spec.workload)
     texts, source = load_texts(workload)
-    data = batches(workload, Tokenizer(workload), texts)
+    data = batches(workload, tokenizer := Tokenizer(workload), texts)
     model = build_model(workload)
     record = RunRecord(engine=spec.engine, label=spec.label, config=spec.ds_config,
-                       workload={**workload.to_dict(), "data_source": source},
+                       workload={**workload.to_dict(), "data_source": source, "tokenizer": tokenizer.name},
                        environment=_environment(), model=_model_facts(model))
     timeline = StepTimeline()
     engine = make_engine(spec.engine, model, spec.ds_config, timeline, telemetry=spec.telemetry,

@@ -126,10 +126,10 @@ class _Session:
         self.spec = spec
         workload = Workload(**spec.workload)
         texts, source = load_texts(workload)
-        self.data = batches(workload, Tokenizer(workload), texts)
+        self.data = batches(workload, tokenizer := Tokenizer(workload), texts)
         model = build_model(workload)
         self.record = RunRecord(engine=spec.engine, label=spec.label, config=spec.ds_config,
-                                workload={**workload.to_dict(), "data_source": source},
+                                workload={**workload.to_dict(), "data_source": source, "tokenizer": tokenizer.name},
                                 environment=_environment(), model=_model_facts(model))
         self.timeline = StepTimeline()
         self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry,

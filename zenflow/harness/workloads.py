@@ -83,14 +83,25 @@ def build_model(w: Workload) -> torch.nn.Module:
         raise WorkloadError(f"workload.model = {w.model!r} does not load as a causal LM: {exc}") from exc
 
 
+# The byte fallback of the cpu-scale tokenizer: ids 3..258 (0-2 are Llama's unk/bos/eos), inside Llama's vocabulary
+# of 32,000, so the model's shape does not change.
+CPU_SCALE_VOCAB, BYTE_EOS, BYTE_OFFSET = 32000, 2, 3
+
+
 class Tokenizer:
     """encode(text) -> ids, plus eos; the cpu-scale one is Llama's SentencePiece model from mistral-common."""
 
     def __init__(self, w: Workload) -> None:
         if w.model == "cpu-scale":
-            import sentencepiece
-            from mistral_common import __file__ as mc_file
-
+            try:
+                import sentencepiece
+                from mistral_common import __file__ as mc_file
+            except ImportError as exc:  # a GPU host's own environment often lacks both: train on bytes, say so
+                self.eos_id, self.vocab_size = BYTE_EOS, CPU_SCALE_VOCAB
+                self.name = f"utf-8 bytes ({exc.name} not installed; the Llama tokenizer needs sentencepiece and " \
+                            "mistral-common)"
+                self.encode = lambda text: [BYTE_OFFSET + b for b in text.encode()]
+                return
             path = Path(mc_file).parent / "data" / "tokenizer.model.v1"
             self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
             self.eos_id, self.vocab_size, self.name = self._sp.eos_id(), self._sp.get_piece_size(), str(path.name)
