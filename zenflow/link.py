@@ -58,6 +58,11 @@ class Link:
             with self.observers.blocking("copy_h2d"):
                 dst.copy_(src)
             return None
+        return self._copy_after_compute(src, dst)
+
+    def _copy_after_compute(self, src: torch.Tensor, dst: torch.Tensor) -> torch.cuda.Event:
+        """CUDA: copy into an existing device tensor on the h2d stream once the compute stream's queued reads and
+        writes of it are done; later compute-stream work waits for the copy (no host wait)."""
         compute = torch.cuda.current_stream(self.device)
         self.h2d_stream.wait_stream(compute)
         with torch.cuda.stream(self.h2d_stream):
@@ -111,16 +116,9 @@ class Link:
                 else:
                     dst.index_copy_(1, columns, src)
             return None
-        compute = torch.cuda.current_stream(self.device)
         if every_column and dst.is_contiguous():
-            # straight into the weight: wait for the compute stream's queued reads and writes of it first
-            self.h2d_stream.wait_stream(compute)
-            with torch.cuda.stream(self.h2d_stream):
-                dst.copy_(src, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(self.h2d_stream)
-            compute.wait_event(done)
-            return done
+            return self._copy_after_compute(src, dst)  # straight into the weight, no landing buffer
+        compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self.h2d_stream):
             # allocated on the stream that writes it (audit item 1): its block is never one the compute stream
             # may still be using, and is not reused before the compute stream has read it (record_stream below)
