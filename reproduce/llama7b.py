@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from zenflow.harness.engines import ENGINES, deepspeed_config
-from zenflow.harness.preflight import PreflightError, check_cuda_usable
+from zenflow.harness.preflight import PreflightError, check_build_locks, check_cuda_usable
 from zenflow.harness.records import RunRecord, read_records
 from zenflow.harness.report import engine_rows, figure, runs_hardware_label, table, write_csv
 from zenflow.harness.runner import RunSpec, run_in_subprocess
@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:  # a GPU host whose torch cannot use CUDA would silently train on the CPU under the GPU's hardware id
         check_cuda_usable()
+        if any(e.startswith("ds-") for e in args.engines):
+            check_build_locks()  # a stale DeepSpeed op-build lock would hang every ds run with no output
     except PreflightError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -10,7 +10,10 @@ file is what it runs instead of the install, so it imports nothing outside the s
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 # import name -> (distribution, what needs it). REQUIRED: nothing in the harness runs without them.
@@ -35,6 +38,44 @@ OPTIONAL = {
 
 class PreflightError(RuntimeError):
     """The environment cannot give meaningful results (e.g. GPUs present that torch cannot use)."""
+
+
+# A torch-extensions build lock older than this is left over from a killed build (a real DeepSpeed op build takes
+# ~2 min here): every later build of that op would wait on it forever, silently.
+BUILD_LOCK_STALE_S = 900
+
+
+def torch_extensions_dir() -> Path:
+    """Where torch (and so DeepSpeed) JIT-builds its ops: $TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions."""
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+
+
+def stale_build_locks(root: Path | None = None, older_than_s: float = BUILD_LOCK_STALE_S,
+                      now: float | None = None) -> list[tuple[Path, float]]:
+    """(lock file, age in seconds) of every op build lock under `root` older than `older_than_s`."""
+    root = torch_extensions_dir() if root is None else root
+    now = time.time() if now is None else now
+    found = []
+    for lock in sorted({*root.glob("*/lock"), *root.glob("*/*/lock")}):
+        try:
+            age = now - lock.stat().st_mtime
+        except FileNotFoundError:  # the build finished while we looked
+            continue
+        if age > older_than_s:
+            found.append((lock, age))
+    return found
+
+
+def check_build_locks(root: Path | None = None, older_than_s: float = BUILD_LOCK_STALE_S) -> None:
+    """Raise PreflightError naming the files to remove when a killed op build left its lock behind: DeepSpeed
+    would otherwise wait on it forever with no output."""
+    stale = stale_build_locks(root, older_than_s)
+    if stale:
+        listing = "; ".join(f"{lock} ({age / 60:.0f} min old)" for lock, age in stale)
+        remove = " ".join(str(lock) for lock, _ in stale)
+        raise PreflightError(f"stale torch-extensions build lock(s): {listing}. A DeepSpeed op build was killed "
+                             f"while it held the lock, and every DeepSpeed run would wait on it forever. Remove "
+                             f"them (no build is running): rm {remove}")
 
 
 def missing_imports(modules: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:

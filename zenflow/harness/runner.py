@@ -13,6 +13,7 @@ import collections
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zenflow.harness.preflight import PreflightError, check_build_locks
 from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.records import RunRecord, summarize_steps
 
@@ -64,6 +66,12 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
     if spec.engine.startswith("ds-") and importlib.util.find_spec("deepspeed") is None:
         _skipped(spec, f"deepspeed not installed (in {sys.executable}): {spec.engine} needs it").write(out)
         return RunRecord.read(out)
+    if spec.engine.startswith("ds-"):
+        try:
+            check_build_locks()  # a stale op-build lock would make this run wait forever, silently
+        except PreflightError as exc:
+            _failed(spec, str(exc)).write(out)
+            return RunRecord.read(out)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(asdict(spec), f)
     stderr_tail, code = "", None
@@ -81,6 +89,9 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
             stderr_tail = "".join(tail)
     except subprocess.TimeoutExpired:
         code = f"timeout after {timeout_s:.0f} s"
+        child_error = RunRecord.read(out).error if out.exists() else ""  # the stopped child's own record, if any
+        _failed(spec, f"{code}: stopped (SIGTERM, then SIGKILL after a grace period)\n{child_error}",
+                stderr_tail).write(out)
     except KeyboardInterrupt:
         _failed(spec, "interrupted (KeyboardInterrupt)", stderr_tail).write(out)
         raise
@@ -255,7 +266,14 @@ def _environment() -> dict[str, Any]:
         return {"error": f"environment capture failed: {exc!r}"}
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (how a timed-out run is stopped) raises SystemExit instead of ending the process at once, so
+    `finally` blocks run: torch's op build releases its lock file, the failure record gets written."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main(argv: list[str]) -> int:
+    exit_on_sigterm()
     args = [a for a in argv if not a.startswith("--local_rank")]  # the DeepSpeed launcher may add it
     spec_path, out = args
     spec = RunSpec(**json.loads(Path(spec_path).read_text()))

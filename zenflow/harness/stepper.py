@@ -27,9 +27,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from zenflow.harness.preflight import check_build_locks
 from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.records import RunRecord, summarize_steps
-from zenflow.harness.runner import RunSpec, _environment, _failed, _model_facts, _step_row, child_env
+from zenflow.harness.runner import RunSpec, _environment, _failed, _model_facts, _step_row, child_env, exit_on_sigterm
 
 
 class StepperError(RuntimeError):
@@ -44,6 +45,8 @@ class SteppedEngine:
             raise ValueError(f"num_gpus = {spec.num_gpus}: a stepped engine is one process (bench is single-GPU)")
         self.spec, self.out, self.timeout_s = spec, Path(out), timeout_s
         self.out.unlink(missing_ok=True)
+        if spec.engine.startswith("ds-"):
+            check_build_locks()  # raises PreflightError naming the file: never a silent hang on a stale lock
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(asdict(spec), f)
         self._spec_file = Path(f.name)
@@ -174,6 +177,7 @@ class _Session:
 
 
 def main(argv: list[str]) -> int:
+    exit_on_sigterm()  # a stopped child still releases build locks and writes its failed record
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed from here on (DeepSpeed's logs included) goes to stderr
     sys.stdout = sys.stderr
