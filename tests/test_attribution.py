@@ -8,7 +8,8 @@ import torch
 
 from zenflow.harness.engines import deepspeed_config
 from zenflow.harness.records import summarize_steps
-from zenflow.harness.runner import RunSpec, _step_row, run_in_subprocess
+from zenflow.harness.runner import RunSpec, run_in_subprocess
+from zenflow.harness.session import step_row
 from zenflow.telemetry.timeline import EventClock, HostClock, StepTimeline
 
 MS = 1e-3
@@ -197,7 +198,7 @@ def test_peak_memory_is_per_step_and_the_summary_takes_the_largest_timed_one():
         tl.start_step(i).kind = kind
         dev.run(1)
     tl.finish()
-    rows = [_step_row(t) for t in tl.steps]
+    rows = [step_row(t) for t in tl.steps]
     assert [r["peak_memory_allocated_bytes"] for r in rows] == [900, 300, 700]
     peak = summarize_steps(rows, cycle=1, model_bytes=None)["peak_memory"]
     assert peak == {"allocated_bytes": 700, "reserved_bytes": 2048, "reason": None}  # the warm-up step excluded
@@ -209,7 +210,7 @@ def test_on_the_cpu_peak_memory_is_not_measured_and_says_why():
     tl.start_step(0)
     tl.finish()
     assert tl.attribution == "host-blocking" and "not measured" in tl.memory
-    peak = summarize_steps([_step_row(t) for t in tl.steps], cycle=1, model_bytes=None)["peak_memory"]
+    peak = summarize_steps([step_row(t) for t in tl.steps], cycle=1, model_bytes=None)["peak_memory"]
     assert peak["allocated_bytes"] is None and peak["reserved_bytes"] is None and "not measured" in peak["reason"]
 
 

@@ -112,14 +112,14 @@ def _training_loop(model: torch.nn.Module, block: dict[str, Any] | None, threads
 
 
 def calibrate(seq_lens: tuple[int, ...] = CAL_SEQS, repeats: int = 5, shape: dict | None = None) -> dict[str, Any]:
-    from zenflow.harness.runner import _model_facts
+    from zenflow.harness.session import model_facts
     from zenflow.harness.workloads import Workload, build_model
     from zenflow.telemetry.environment import capture_environment
 
     env = capture_environment()
     w = Workload(**(shape or {}))
     model = build_model(w)
-    facts = _model_facts(model)
+    facts = model_facts(model)
     loops = {"no_offload_2t": (None, 2), "offload_2t": ({"topk_ratio": 0.0, "update_interval": 1}, 2),
              "zenflow_r0.1_1t": ({"topk_ratio": 0.1, "update_interval": 1}, 1),
              "zenflow_r0_1t": ({"topk_ratio": 0.0, "update_interval": 1}, 1)}

@@ -1,4 +1,4 @@
-"""One GLUE fine-tuning run (the child side of the runner for `workload["kind"] == "glue"`).
+"""GLUE fine-tuning as a workload of the harness's one run loop (`session.Session`, for `workload["kind"] == "glue"`).
 
 A pretrained encoder (any Hugging Face checkpoint) gets a sequence-classification head (regression for STS-B) from
 AutoModelForSequenceClassification, trains on a fixed subset of the task's training set for whole epochs through
@@ -11,11 +11,8 @@ the ZenFlow engines have applied every outstanding host update (drain).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -130,82 +127,46 @@ def subsample(data: Examples, n: int | None, seed: int) -> Examples:
     return data.subset(sorted(random.Random(seed).sample(range(len(data)), n)))
 
 
-def execute_glue(spec: Any) -> Any:
-    """Build, train, evaluate; returns the RunRecord (the runner writes it)."""
-    from tqdm import tqdm
-    from transformers import set_seed
+class GlueWorkload:
+    """A GLUE task as a workload of the one run loop (session.py): a model with a fresh classification head, a
+    finite plan of training batches (whole epochs), and `evaluate` on the dev split(s) after training."""
 
-    from zenflow.harness.engines import init_warnings, make_engine
-    from zenflow.harness.records import RunRecord, summarize_steps
-    from zenflow.harness.runner import _environment, _model_facts, _step_row
-    from zenflow.telemetry.timeline import StepTimeline
+    require_finite = True  # a diverged fine-tune stops at once, with the step in the error
+    device = "auto"
 
-    started = time.perf_counter()
-    _quiet(spec.engine)
-    w = {**GLUE_DEFAULTS, **spec.workload}
-    w["model"] = w["model"] or default_model()
-    torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
-    task = get_task(w["task"])
-    train = subsample(load_split(task, "train", w["glue_dir"], w["strict"]), w["train_examples"], w["data_seed"])
-    devs = {s: subsample(load_split(task, s, w["glue_dir"], w["strict"]), w["eval_examples"], w["data_seed"])
-            for s in task.dev_splits}
-    set_seed(w["seed"])  # head init, dropout
-    tokenizer, model = load_model(w["model"], task, w["dtype"])
-    model.train()
-    plan = train_batches(train, w["epochs"], w["micro_batch"], w["seed"])
-    workload = {**w, "train_source": train.source, "train_size": len(train),
-                "train_of": train.meta.get("subset_of"), "eval_source": {s: d.source for s, d in devs.items()},
-                "eval_size": {s: len(d) for s, d in devs.items()}}
-    record = RunRecord(engine=spec.engine, label=spec.label, config=spec.ds_config, workload=workload,
-                       environment=_environment(), model=_model_facts(model))
-    timeline = StepTimeline()
-    engine = make_engine(spec.engine, model, spec.ds_config, timeline, telemetry=spec.telemetry,
-                         repair_weight_view=bool(spec.extra.get("ds_repair_weight_view")))
-    warmup = min(spec.warmup_steps, len(plan) - 1)
-    record.protocol = {"warmup_steps": warmup, "timed_steps": len(plan) - warmup, "cycle": spec.cycle,
-                       "threads": torch.get_num_threads(), "telemetry": spec.telemetry, "epochs": w["epochs"],
-                       "steps_per_epoch": len(plan) // w["epochs"], "stall_includes_io": engine.stall_includes_io,
-                       "weights_changed_at_init": len(engine.weights_changed_at_init),
-                       "attribution": timeline.use_device(engine.device), "peak_memory": timeline.memory,
-                       **spec.extra}
-    record.warnings += init_warnings(engine)
-    train_start, closed = time.perf_counter(), False
-    try:
-        bar = tqdm(plan, desc=f"{task.name} {spec.engine} seed {w['seed']}", disable=not spec.progress,
-                   file=sys.stderr, dynamic_ncols=True, mininterval=2.0)
-        for i, indices in enumerate(bar):
-            timing = timeline.start_step(i)
-            timing.loss = engine.train_step(encode(tokenizer, train, indices, w["seq_len"], task.labels is None),
-                                            timing)
-            if i < warmup:
-                timing.kind = "warmup"
-            if not math.isfinite(timing.loss):
-                raise FloatingPointError(f"loss is {timing.loss} at step {i}")
-            bar.set_postfix(loss=f"{timing.loss:.3f}", refresh=False)
-        timeline.finish()
-        train_seconds = time.perf_counter() - train_start
-        optimizer = getattr(engine, "optimizer", None)
-        if hasattr(optimizer, "drain"):
-            optimizer.drain()  # apply the last in-flight host update before evaluating
-        if not spec.engine.startswith("ds-"):
-            engine.close()  # gives the worker's core back for evaluation
-            closed = True
-        eval_start = time.perf_counter()
-        by_split = {s: evaluate(model, tokenizer, task, d, w["seq_len"]) for s, d in devs.items()}
-    finally:
-        if not closed:
-            engine.close()
-    record.nvml = {"available": False, "reason": "not sampled in GLUE runs (accuracy runs)"}
-    record.steps = [_step_row(t) for t in timeline.steps]
-    record.summary = summarize_steps(record.steps, spec.cycle, record.model["model_bytes"])
-    record.metrics = {"task": task.name, "score": task_score(by_split), **by_split[task.dev_splits[0]],
-                      "by_split": by_split, "final_loss": record.summary["final_loss"], "steps": len(plan),
-                      "train_seconds": train_seconds, "eval_seconds": time.perf_counter() - eval_start,
-                      "child_seconds": time.perf_counter() - started,
-                      "majority_score": majority_score(task, train, devs)}
-    if engine.transfer_bytes() is None:
-        record.warnings.append(f"{spec.engine}: bytes not measured (no counters inside the engine)")
-    return record
+    def __init__(self, spec: Any) -> None:
+        from transformers import set_seed
+
+        _quiet(spec.engine)
+        w = {**GLUE_DEFAULTS, **spec.workload}
+        w["model"] = w["model"] or default_model()
+        self.task = get_task(w["task"])
+        self.train = subsample(load_split(self.task, "train", w["glue_dir"], w["strict"]), w["train_examples"],
+                               w["data_seed"])
+        self.devs = {s: subsample(load_split(self.task, s, w["glue_dir"], w["strict"]), w["eval_examples"],
+                                  w["data_seed"]) for s in self.task.dev_splits}
+        set_seed(w["seed"])  # head init, dropout
+        self.tokenizer, self.model = load_model(w["model"], self.task, w["dtype"])
+        self.model.train()
+        self.plan = train_batches(self.train, w["epochs"], w["micro_batch"], w["seed"])
+        self.steps = len(self.plan)
+        self.w = w
+        self.description = {**w, "train_source": self.train.source, "train_size": len(self.train),
+                            "train_of": self.train.meta.get("subset_of"),
+                            "eval_source": {s: d.source for s, d in self.devs.items()},
+                            "eval_size": {s: len(d) for s, d in self.devs.items()}}
+        self.protocol = {"epochs": w["epochs"], "steps_per_epoch": len(self.plan) // w["epochs"]}
+        self.label = f"{self.task.name} {spec.engine} seed {w['seed']}"
+        self.final_metrics = {"majority_score": majority_score(self.task, self.train, self.devs)}
+
+    def batches(self) -> Any:
+        regression = self.task.labels is None
+        return (encode(self.tokenizer, self.train, indices, self.w["seq_len"], regression) for indices in self.plan)
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, Any]:
+        by_split = {s: evaluate(model, self.tokenizer, self.task, d, self.w["seq_len"]) for s, d in self.devs.items()}
+        return {"task": self.task.name, "score": task_score(by_split), **by_split[self.task.dev_splits[0]],
+                "by_split": by_split}
 
 
 def _quiet(engine: str) -> None:

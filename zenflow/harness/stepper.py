@@ -1,8 +1,8 @@
 """A training engine in its own process, stepped from outside: what `bench/` times.
 
 The parent (one pytest-benchmark round) asks the child for `n` training steps and waits for the reply, so every
-timed round is real steps of a real engine built by the harness (the workload, engine adapters and StepTimeline of
-`runner.execute`), in a fresh process like every run: DeepSpeed initialises cleanly once per process, changes
+timed round is real steps of a real engine driven by the harness's one run loop (`session.Session`, as in
+`runner.run_in_subprocess`), in a fresh process like every run: DeepSpeed initialises cleanly once per process, changes
 affinity and threads, and its overlap worker re-imports `__main__`. Model building and engine initialisation happen
 before the first request (untimed). At the end the child writes a complete run record of every step it ran.
 
@@ -29,8 +29,9 @@ from typing import Any
 
 from zenflow.harness.preflight import check_build_locks
 from zenflow.harness.processes import start_group, stop_group
-from zenflow.harness.records import RunRecord, summarize_steps
-from zenflow.harness.runner import RunSpec, _environment, _failed, _model_facts, _step_row, child_env, exit_on_sigterm
+from zenflow.harness.records import RunRecord
+from zenflow.harness.runner import child_env, exit_on_sigterm
+from zenflow.harness.session import RunSpec, Session, failed_record
 
 
 class StepperError(RuntimeError):
@@ -81,7 +82,7 @@ class SteppedEngine:
         stop_group(self.proc)
         self._spec_file.unlink(missing_ok=True)
         if not self.out.exists():
-            _failed(self.spec, f"stepped child exited ({self.proc.returncode}) without a record").write(self.out)
+            failed_record(self.spec, f"stepped child exited ({self.proc.returncode}) without a record").write(self.out)
 
     def __enter__(self) -> SteppedEngine:
         return self
@@ -114,68 +115,6 @@ class SteppedEngine:
         return reply
 
 
-class _Session:
-    """Child side: the setup of `runner.execute`, then steps on request."""
-
-    def __init__(self, spec: RunSpec) -> None:
-        import torch
-
-        from zenflow.harness.engines import make_engine
-        from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
-        from zenflow.telemetry.nvml import NvmlSampler
-        from zenflow.telemetry.timeline import StepTimeline
-
-        torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
-        self.spec = spec
-        workload = Workload(**spec.workload)
-        texts, source = load_texts(workload)
-        self.data = batches(workload, tokenizer := Tokenizer(workload), texts)
-        model = build_model(workload)
-        self.record = RunRecord(engine=spec.engine, label=spec.label, config=spec.ds_config,
-                                workload={**workload.to_dict(), "data_source": source, "tokenizer": tokenizer.name},
-                                environment=_environment(), model=_model_facts(model))
-        self.timeline = StepTimeline()
-        self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry,
-                                  device=workload.device)
-        self.sampler, self.sampling, self.i = NvmlSampler(), False, 0
-
-    def steps(self, n: int) -> None:
-        for _ in range(n):
-            if self.i == self.spec.warmup_steps:
-                self.sampling = bool(self.sampler.__enter__())  # NVML counters cover the timed steps only
-            timing = self.timeline.start_step(self.i)
-            timing.loss = self.engine.train_step(next(self.data), timing)
-            if self.i < self.spec.warmup_steps:
-                timing.kind = "warmup"
-            self.i += 1
-        # End the round's last period here, so the time between rounds (the parent's bookkeeping) is not in it.
-        self.timeline.end_step()
-
-    def finish(self) -> RunRecord:
-        self.timeline.finish()
-        self.close()
-        record, spec = self.record, self.spec
-        record.nvml = self.sampler.result() if self.sampling else {"available": False, "reason": "no timed steps"}
-        record.protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": max(0, self.i - spec.warmup_steps),
-                           "cycle": spec.cycle, "stall_includes_io": self.engine.stall_includes_io,
-                           "num_gpus": 1, "world_size": 1, "device": str(self.engine.device),
-                           "telemetry": spec.telemetry, "stepped": True,
-                           "attribution": self.timeline.use_device(self.engine.device),
-                           "peak_memory": self.timeline.memory, **spec.extra}
-        record.steps = [_step_row(t) for t in self.timeline.steps]
-        if self.engine.transfer_bytes() is None:
-            record.warnings.append(f"{spec.engine}: bytes not measured (no counters inside the engine; NVML needs "
-                                   "a GPU)")
-        record.summary = summarize_steps(record.steps, spec.cycle, record.model["model_bytes"])
-        record.metrics["final_loss"] = record.summary["final_loss"]
-        return record
-
-    def close(self) -> None:
-        if self.sampling:
-            self.sampler.__exit__(None, None, None)
-        self.engine.close()
-
-
 def main(argv: list[str]) -> int:
     exit_on_sigterm()  # a stopped child still releases build locks and writes its failed record
     replies = os.fdopen(os.dup(1), "w", buffering=1)
@@ -187,14 +126,15 @@ def main(argv: list[str]) -> int:
         replies.write(json.dumps(message) + "\n")
 
     spec = RunSpec(**json.loads(Path(spec_path).read_text()))
+    spec.extra = {**spec.extra, "stepped": True}  # the record says its steps came in rounds
     session = None
     try:
-        session = _Session(spec)
+        session = Session(spec)
         reply(ok=True)
         for line in sys.stdin:  # ends when the parent closes the pipe (or dies)
             request = json.loads(line)
             if "steps" in request:
-                session.steps(int(request["steps"]))
+                session.step(int(request["steps"]))
                 reply(ok=True)
             elif request.get("finish"):
                 session.finish().write(out)
@@ -202,7 +142,7 @@ def main(argv: list[str]) -> int:
                 return 0
     except BaseException:
         error = traceback.format_exc()
-        _failed(spec, error).write(out)
+        (failed_record(spec, error) if session is None else session.fail(error)).write(out)
         reply(error=error)
         if session is not None:
             try:

@@ -132,6 +132,23 @@ def load_texts(w: Workload) -> tuple[list[str], str]:
     return _generated_texts(w.seed), "generated"
 
 
+def check_data(data: str) -> None:
+    """`Workload.data` checked before any run (the reproduce scripts' --data): "auto", "synthetic", or a readable
+    file, an Alpaca JSON list when it ends in .json. Raises WorkloadError saying what was found and what is allowed."""
+    if data in ("auto", "synthetic"):
+        return
+    path = Path(data).expanduser()
+    allowed = "expected 'auto', 'synthetic', or an Alpaca JSON / text file"
+    if not path.is_file():
+        raise WorkloadError(f"{data!r}: {'a folder, not a file' if path.is_dir() else 'file not found'}; {allowed}")
+    try:
+        texts = _texts_from(path)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WorkloadError(f"{data!r} cannot be read ({type(exc).__name__}: {exc}); {allowed}") from None
+    if not any(texts):
+        raise WorkloadError(f"{data!r} holds no text; {allowed}")
+
+
 def _texts_from(path: Path) -> list[str]:
     if not path.exists():
         raise WorkloadError(f"workload.data = {str(path)!r}: file not found")

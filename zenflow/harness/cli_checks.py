@@ -1,0 +1,158 @@
+"""Argument checks of the reproduce scripts: every bad input is refused before any run, model load or DeepSpeed
+import, in one line on stderr that names the argument, the value and what is allowed, with exit status 2.
+
+The checks are argparse `type=` functions (argparse calls them while parsing, also on a string default such as
+$MODEL, and turns their `ArgumentTypeError` into `error()`), plus `ArgumentParser`, whose `error()` prints that one
+line and no usage block (a wrapped usage would bury the line that says what is wrong; `--help` has it):
+
+    llama7b.py: error: argument --seq-len: 0 is not allowed: expected an integer >= 1
+
+Nothing here imports transformers or DeepSpeed or loads a model, and nothing is created on disk: an output folder is checked
+(a writable folder, or one that can be created), never made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from zenflow.harness.glue import GlueError, get_task
+from zenflow.harness.workloads import WorkloadError, check_data
+
+# A Hugging Face hub id: "name" or "org/name", letters, digits, "-", "_", "." (no leading "." or "-", no "--"/"..").
+_HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+HUB_ID = re.compile(rf"^(?:{_HUB_PART}/)?{_HUB_PART}$")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse.ArgumentParser whose errors are one line: `<prog>: error: <message> (see --help)`, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """A `type=` for an integer >= low."""
+    def check(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or number < low:
+            raise argparse.ArgumentTypeError(f"{value!r} is not allowed: expected an integer >= {low}")
+        return number
+    check.__name__ = f"integer >= {low}"
+    return check
+
+
+def float_at_least(low: float, strict: bool = False) -> Callable[[str], float]:
+    """A `type=` for a finite number >= low (> low when strict)."""
+    rule = f"a finite number {'>' if strict else '>='} {low:g}"
+
+    def check(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or number < low or (strict and number == low):
+            raise argparse.ArgumentTypeError(f"{value!r} is not allowed: expected {rule}")
+        return number
+    check.__name__ = rule
+    return check
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why `path` cannot be an output folder (None when it can): it must be a writable folder, or creatable."""
+    if path.exists():
+        if not path.is_dir():
+            return "exists and is not a folder"
+        return None if os.access(path, os.W_OK | os.X_OK) else "is a folder this user cannot write to"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created: {str(parent)!r} is not a folder"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created: {str(parent)!r} is not writable"
+
+
+def out_folder(value: str) -> Path:
+    """A `type=` for an output folder: checked, not created (a refused run leaves nothing behind)."""
+    path = Path(value).expanduser()
+    problem = folder_problem(path)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{value!r} {problem}: expected a writable folder, or one that can be "
+                                          "created")
+    return path
+
+
+def existing_folder(what: str) -> Callable[[str], Path]:
+    """A `type=` for a folder that must exist (e.g. a data folder); `what` names it in the message."""
+    def check(value: str) -> Path:
+        path = Path(value).expanduser()
+        if not path.is_dir():
+            found = "is not a folder" if path.exists() else "not found"
+            raise argparse.ArgumentTypeError(f"{what} {value!r} {found}: expected an existing folder")
+        return path
+    check.__name__ = what
+    return check
+
+
+def _is_path_like(value: str) -> bool:
+    return value.startswith(("/", "~", ".")) or "\\" in value or value.endswith("/") or value.count("/") > 1
+
+
+def model_ref(value: str, builtin: Sequence[str] = ()) -> str:
+    """A Hugging Face model: an existing local folder with config.json, or a hub id (accepted, not fetched here);
+    `builtin` names accepted as they are (llama7b's "cpu-scale")."""
+    allowed = "a Hugging Face hub id (org/name) or a local folder with config.json"
+    if builtin:
+        allowed = f"{', '.join(map(repr, builtin))}, {allowed}"
+    if value in builtin:
+        return value
+    path = Path(value).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            found = "a folder without config.json" if path.is_dir() else "a file, not a folder"
+            raise argparse.ArgumentTypeError(f"{value!r} does not load: {found}; expected {allowed}")
+        return value
+    if _is_path_like(value) or not HUB_ID.match(value):
+        raise argparse.ArgumentTypeError(f"{value!r} does not load: no such local path, and not a hub id; "
+                                          f"expected {allowed}")
+    return value  # a hub id: transformers fetches (or finds in its cache) it in the run
+
+
+def model_or_builtin(*builtin: str) -> Callable[[str], str]:
+    """A `type=` for model_ref with built-in names."""
+    def check(value: str) -> str:
+        return model_ref(value, builtin)
+    check.__name__ = "model"
+    return check
+
+
+def data_source(value: str) -> str:
+    """A `type=` for llama7b's --data: "auto", "synthetic", or a readable Alpaca JSON / text file."""
+    try:
+        check_data(value)
+    except WorkloadError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def glue_task(value: str) -> str:
+    """A `type=` for a GLUE task name (any spelling get_task knows); returns the official name."""
+    try:
+        return get_task(value).name
+    except GlueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def distinct(ap: argparse.ArgumentParser, option: str, values: Sequence) -> None:
+    """Refuse a value given twice (two runs would write the same record)."""
+    twice = sorted({str(v) for v in values if list(values).count(v) > 1})
+    if twice:
+        ap.error(f"argument {option}: {', '.join(twice)} given more than once: expected each value once")

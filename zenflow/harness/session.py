@@ -1,0 +1,248 @@
+"""One run, one loop, one record: the child side of every measurement (runner, bench's stepper, GLUE).
+
+    session = Session(spec)      # workload, model, engine, the record's environment and protocol
+    session.step(n)              # n training steps, timed from outside by the StepTimeline
+    record = session.finish()    # drain, evaluate (GLUE), close, summarize
+    record = session.fail(exc)   # or a complete failed record
+
+`run_in_subprocess` (runner.py) calls `Session(spec).run()` in a fresh child; `SteppedEngine` (stepper.py) drives
+the same session over a pipe, a few steps per benchmark round. A workload is an object with `model`, `device`,
+`description`, `batches()`, and optionally a fixed number of `steps`, its own `warmup_steps`, extra `protocol`
+fields, a `label`, `require_finite` and `evaluate(model) -> metrics` (the GLUE workload, glue_run.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from zenflow.harness.records import RunRecord, summarize_steps
+
+
+@dataclass
+class RunSpec:
+    engine: str
+    label: str
+    workload: dict[str, Any]
+    ds_config: dict[str, Any]
+    warmup_steps: int = 8
+    timed_steps: int = 16
+    threads: int | None = None  # torch intra-op threads; None = every core this process may use
+    telemetry: bool = True
+    progress: bool = True
+    num_gpus: int = 1  # > 1: DeepSpeed engines only, under the DeepSpeed launcher, one process (rank) per GPU
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_gpus, int) or self.num_gpus < 1:
+            raise ValueError(f"num_gpus = {self.num_gpus!r} is not allowed: expected an int >= 1")
+        if self.num_gpus > 1 and not self.engine.startswith("ds-"):
+            raise ValueError(f"num_gpus = {self.num_gpus} for engine {self.engine!r}: our reference engines are "
+                             "single-process (one device); only the ds-* engines run multi-GPU")
+
+    @property
+    def cycle(self) -> int:
+        block = self.ds_config["zero_optimization"].get("zenflow") or {}
+        interval = block.get("update_interval", 1)
+        return interval if self.engine in ("ref-zenflow", "ds-zenflow") and isinstance(interval, int) else 1
+
+
+class LMWorkload:
+    """The causal-LM workloads (cpu-scale Llama, or a hub model on a GPU host): endless packed token batches."""
+
+    steps = None  # as many as the spec asks for
+    require_finite = False
+    evaluate = None
+
+    def __init__(self, spec: RunSpec) -> None:
+        from zenflow.harness.workloads import Tokenizer, Workload, build_model, load_texts
+
+        self.spec = Workload(**spec.workload)
+        texts, source = load_texts(self.spec)
+        self.tokenizer = Tokenizer(self.spec)
+        self.texts = texts
+        self.model = build_model(self.spec)
+        self.device = self.spec.device
+        self.description = {**self.spec.to_dict(), "data_source": source, "tokenizer": self.tokenizer.name}
+        self.label = f"{spec.label} {spec.engine}"
+
+    def batches(self) -> Iterator[Any]:
+        from zenflow.harness.workloads import batches
+
+        return batches(self.spec, self.tokenizer, self.texts)
+
+
+def build_workload(spec: RunSpec) -> Any:
+    if spec.workload.get("kind") == "glue":
+        from zenflow.harness.glue_run import GlueWorkload  # fine-tune + evaluate
+
+        return GlueWorkload(spec)
+    return LMWorkload(spec)
+
+
+class Session:
+    """The one training loop of the harness: every step timed from outside, the step kind decided once."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        import torch
+
+        from zenflow.harness.engines import init_warnings, make_engine
+        from zenflow.telemetry.nvml import NvmlSampler
+        from zenflow.telemetry.timeline import StepTimeline
+
+        self.started = time.perf_counter()
+        torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
+        self.spec = spec
+        self.workload = build_workload(spec)
+        model = self.workload.model
+        self.record = RunRecord(engine=spec.engine, label=spec.label, config=spec.ds_config,
+                                workload=self.workload.description, environment=environment(),
+                                model=model_facts(model))
+        self.timeline = StepTimeline()
+        self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry,
+                                  device=self.workload.device,
+                                  repair_weight_view=bool(spec.extra.get("ds_repair_weight_view")))
+        fixed = self.workload.steps
+        self.warmup_steps = (min(spec.warmup_steps, fixed - 1) if fixed else spec.warmup_steps)
+        timed = fixed - self.warmup_steps if fixed else -(-spec.timed_steps // spec.cycle) * spec.cycle  # cycles
+        self.planned_steps = self.warmup_steps + timed
+        self.record.protocol = {
+            "warmup_steps": self.warmup_steps, "timed_steps": timed, "cycle": spec.cycle,
+            "num_gpus": spec.num_gpus, "world_size": world_size(), "device": str(self.engine.device),
+            "threads": torch.get_num_threads(), "telemetry": spec.telemetry,
+            "stall_includes_io": self.engine.stall_includes_io,
+            "attribution": self.timeline.use_device(self.engine.device), "peak_memory": self.timeline.memory,
+            "weights_changed_at_init": len(self.engine.weights_changed_at_init),
+            **getattr(self.workload, "protocol", {}), **spec.extra}
+        self.record.warnings += init_warnings(self.engine)
+        self.batches = self.workload.batches()
+        self.sampler, self.sampling, self.sampled = NvmlSampler(), False, False  # sampling now / ever
+        self.i, self.closed = 0, False
+        self.train_start: float | None = None
+
+    def run(self) -> RunRecord:
+        """Every planned step (with a progress bar), then the record."""
+        from tqdm import tqdm
+
+        with tqdm(total=self.planned_steps, desc=self.workload.label, disable=not self.spec.progress,
+                  file=sys.stderr, dynamic_ncols=True, mininterval=1.0) as bar:
+            for _ in range(self.planned_steps):
+                self.step(1)
+                last = self.timeline.steps[-1]
+                bar.update(1)
+                bar.set_postfix(loss=f"{last.loss:.3f}", kind=last.kind, refresh=False)
+        return self.finish()
+
+    def step(self, n: int) -> None:
+        """`n` training steps; the last one's period ends here (time between calls belongs to no step)."""
+        if self.train_start is None:
+            self.train_start = time.perf_counter()
+        for _ in range(n):
+            if self.i == self.warmup_steps:
+                self.sampling = self.sampled = bool(self.sampler.__enter__())  # NVML: the timed steps only
+            timing = self.timeline.start_step(self.i)
+            timing.loss = self.engine.train_step(next(self.batches), timing)  # reads the loss: a sync point
+            if self.i < self.warmup_steps:
+                timing.kind = "warmup"
+            if self.workload.require_finite and not math.isfinite(timing.loss):
+                raise FloatingPointError(f"loss is {timing.loss} at step {self.i}")
+            self.i += 1
+        self.timeline.end_step()
+
+    def finish(self) -> RunRecord:
+        """Close the timeline, apply outstanding host updates, evaluate (when the workload can), summarize."""
+        self.timeline.finish()
+        train_seconds = time.perf_counter() - (self.train_start or self.started)
+        self._stop_sampler()
+        record, spec = self.record, self.spec
+        record.nvml = self.sampler.result() if self.sampled else {"available": False, "reason": "no timed steps"}
+        record.protocol["timed_steps"] = max(0, self.i - self.warmup_steps)
+        record.steps = [step_row(t) for t in self.timeline.steps]
+        if self.engine.transfer_bytes() is None:
+            record.warnings.append(f"{spec.engine}: bytes not measured (no counters inside the engine; NVML needs "
+                                   "a GPU)")
+        record.summary = summarize_steps(record.steps, spec.cycle, record.model["model_bytes"])
+        evaluated = self._evaluate() if self.workload.evaluate is not None else None
+        self.close()
+        record.metrics["final_loss"] = record.summary["final_loss"]
+        if evaluated is not None:
+            metrics, eval_seconds = evaluated
+            record.metrics = {**metrics, "final_loss": record.summary["final_loss"], "steps": self.i,
+                              "train_seconds": train_seconds, "eval_seconds": eval_seconds,
+                              "child_seconds": time.perf_counter() - self.started,
+                              **getattr(self.workload, "final_metrics", {})}
+        return record
+
+    def _evaluate(self) -> tuple[dict[str, Any], float]:
+        optimizer = getattr(self.engine, "optimizer", None)
+        if hasattr(optimizer, "drain"):
+            optimizer.drain()  # the last in-flight host update is part of the trained model
+        if not self.spec.engine.startswith("ds-"):
+            self.close()  # gives the worker's core back for evaluation
+        start = time.perf_counter()
+        return self.workload.evaluate(self.workload.model), time.perf_counter() - start
+
+    def fail(self, error: str) -> RunRecord:
+        """A complete failed record (the protocol and environment gathered so far are kept)."""
+        self.close()
+        self.record.status, self.record.error = "failed", error
+        return self.record
+
+    def close(self) -> None:
+        self._stop_sampler()
+        if not self.closed:
+            self.closed = True
+            self.engine.close()
+
+    def _stop_sampler(self) -> None:
+        if self.sampling:
+            self.sampler.__exit__(None, None, None)
+            self.sampling = False  # stopped; result() still holds what it sampled
+
+
+def failed_record(spec: RunSpec, error: str, stderr_tail: str = "", status: str = "failed") -> RunRecord:
+    """A failed (or skipped) record built from the spec alone, when no session could be built or the child died."""
+    return RunRecord(engine=spec.engine, label=spec.label, status=status, error=error + "\n" + stderr_tail,
+                     config=spec.ds_config, workload=spec.workload,
+                     protocol={"warmup_steps": spec.warmup_steps, "timed_steps": spec.timed_steps,
+                               "num_gpus": spec.num_gpus, "world_size": spec.num_gpus})
+
+
+def world_size() -> int:
+    """Processes training together: torch.distributed's world when initialised (DeepSpeed engines), else 1."""
+    import torch
+
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def step_row(t: Any) -> dict[str, Any]:
+    return {"step": t.step, "kind": t.kind, "period_ms": t.period_ms, "compute_ms": t.compute_ms,
+            "io_ms": t.io_ms, "stall_ms": t.stall_ms, "forward_backward_ms": t.forward_backward_ms,
+            "optimizer_ms": t.optimizer_ms, "telemetry_ms": t.telemetry_ms, "bytes": dict(t.bytes) or None,
+            "loss": t.loss, "peak_memory_allocated_bytes": t.peak_memory_allocated_bytes,
+            "peak_memory_reserved_bytes": t.peak_memory_reserved_bytes}
+
+
+def model_facts(model: Any) -> dict[str, Any]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    column = [p for p in params if p.dim() >= 2]
+    element = params[0].element_size() if params else 0
+    return {"parameters": sum(p.numel() for p in params), "column_parameters": sum(p.numel() for p in column),
+            "dense_parameters": sum(p.numel() for p in params if p.dim() < 2),
+            "dtype": str(params[0].dtype) if params else None,
+            "model_bytes": sum(p.numel() for p in column) * element}
+
+
+def environment() -> dict[str, Any]:
+    try:
+        from zenflow.telemetry.environment import capture_environment
+
+        return capture_environment()
+    except Exception as exc:  # the record says why instead of failing the run
+        return {"error": f"environment capture failed: {exc!r}"}
