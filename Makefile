@@ -19,12 +19,13 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 install: $(STAMP)
 
 # torch first, alone and pinned, so nothing can resolve a (multi-GB CUDA) torch; deepspeed's sdist build then
-# needs no build isolation (it imports torch at build time and must see the same one).
+# needs no build isolation (it imports torch at build time and must see the same one). The library itself needs only
+# torch; every target here also runs the harness, reproductions or bench, hence the [harness] extra.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[harness,test]"
 	$(PY) -c "import torch, deepspeed, zenflow; print('torch', torch.__version__, '| deepspeed', deepspeed.__version__)"
 	touch $(STAMP)
 endif

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zenflow.harness.engines import deepspeed_config, make_engine
-from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
-from zenflow.telemetry.timeline import StepTimeline
+from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.session import RunSpec, Session
+from zenflow.harness.workloads import Workload
 
 GOLDEN = Path(__file__).parent / "golden" / "cpu_scale_losses.json"
 # device "cpu": the goldens are CPU numbers; on a GPU host this curve still runs on the CPU (audit item 7).
@@ -27,13 +27,14 @@ STEPS = 24
 @pytest.mark.parametrize("engine", ["ref-zenflow", "ref-offload"])
 def test_cpu_scale_loss_curve_matches_the_golden_file(engine):
     torch.manual_seed(0)
-    data = batches(WORKLOAD, Tokenizer(WORKLOAD), load_texts(WORKLOAD)[0])
     cfg = deepspeed_config(engine, BLOCK, "fp32", 1, lr=1e-3, weight_decay=0.01, clipping=1.0, cuda=False)
-    timeline = StepTimeline()
-    runner = make_engine(engine, build_model(WORKLOAD), cfg, timeline, device=WORKLOAD.device)
-    assert runner.device == torch.device("cpu")
-    losses = [runner.train_step(next(data), timeline.start_step(i)) for i in range(STEPS)]
-    runner.close()
+    spec = RunSpec(engine=engine, label="golden", workload=WORKLOAD.to_dict(), ds_config=cfg, warmup_steps=0,
+                   timed_steps=STEPS, threads=torch.get_num_threads(), progress=False)
+    session = Session(spec)  # the harness's one run loop, in this process
+    assert session.engine.device == torch.device("cpu")
+    session.step(STEPS)
+    losses = [t.loss for t in session.timeline.steps]
+    session.close()
     golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
     if os.environ.get("ZENFLOW_UPDATE_GOLDEN"):
         GOLDEN.write_text(json.dumps({**golden, engine: losses}, indent=1) + "\n")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from zenflow import ZenFlowAdamW
-from zenflow.telemetry.timeline import StepTimeline, StepTiming
+from zenflow.telemetry.timeline import StepTimeline
 
 ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
 # ZeRO-Offload expressed as a ZenFlow block: nothing selected, every step a synchronous host update.
@@ -55,7 +55,9 @@ def deepspeed_config(engine: str, zenflow_block: dict[str, Any], dtype: str, mic
 
 
 class Engine:
-    """train_step(batch) -> loss; the timeline gets forward+backward and optimizer times and the step kind."""
+    """The work of one training step, in two parts the run loop (session.py) times from outside:
+    `forward_backward(batch) -> loss` (a device tensor: reading it is the step's sync point) and
+    `optimizer_step() -> kind` ("warmup", "accumulate" or "update": what this step did to the host part)."""
 
     name: str
     weights_changed_at_init: list[str]  # set by make_engine
@@ -67,7 +69,10 @@ class Engine:
         self.telemetry, self.repair_weight_view = telemetry, repair_weight_view
         self.device = resolve_device(device)
 
-    def train_step(self, batch: torch.Tensor, timing: StepTiming) -> float:
+    def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def optimizer_step(self) -> str:
         raise NotImplementedError
 
     def transfer_bytes(self) -> dict[str, int] | None:
@@ -93,28 +98,22 @@ class TorchEngine(Engine):
             if self.telemetry:
                 self.optimizer.add_observer(self.timeline)
 
-    def train_step(self, batch: torch.Tensor | dict[str, torch.Tensor], timing: StepTiming) -> float:
-        # Phase marks are CUDA events on a GPU: the timeline sets forward_backward_ms / optimizer_ms from when the
-        # device got there, not from when the host launched it (audit item 3), once the step's events completed.
-        self.timeline.use_device(self.device)
-        self.timeline.mark("forward")
+    def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         loss = self.model(**_model_inputs(batch, self.device)).loss
         loss.backward()
-        self.timeline.mark("backward")
+        return loss
+
+    def optimizer_step(self) -> str:
         updates = getattr(self.optimizer, "host_updates", None)
         if self.name == "no-offload" and self.clipping > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.timeline.mark("optimizer")
-        # device->host sync point, once per step for every engine: the next step starts with the device idle
-        value = loss.item()
-        if isinstance(self.optimizer, ZenFlowAdamW):
-            warm = self.optimizer.t <= self.optimizer.config.full_warm_up_rounds
-            timing.kind = "warmup" if warm else "update" if self.optimizer.host_updates > updates else "accumulate"
-        else:
-            timing.kind = "update"
-        return value
+        if not isinstance(self.optimizer, ZenFlowAdamW):
+            return "update"
+        if self.optimizer.t <= self.optimizer.config.full_warm_up_rounds:
+            return "warmup"
+        return "update" if self.optimizer.host_updates > updates else "accumulate"
 
     def transfer_bytes(self) -> dict[str, int] | None:
         if not isinstance(self.optimizer, ZenFlowAdamW):
@@ -153,22 +152,20 @@ class DeepSpeedEngine(Engine):
         self.warm_up = block.get("full_warm_up_rounds", 0)
         self.steps = 0
 
-    def train_step(self, batch: torch.Tensor | dict[str, torch.Tensor], timing: StepTiming) -> float:
-        self.timeline.use_device(self.device)
-        self.timeline.mark("forward")
+    def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         loss = self.engine(**_model_inputs(batch, self.engine.device)).loss
         self.engine.backward(loss)
-        self.timeline.mark("backward")  # on a GPU: when the device finished backward, not when it was launched
+        return loss
+
+    def optimizer_step(self) -> str:
+        """DeepSpeed's step is CPU Adam + copies + waits: the run loop books it all as stall (incl. I/O), from the
+        end of backward on the device to the end of the step's device work (`stall_includes_io`)."""
         self.engine.step()
-        # DeepSpeed's step is CPU Adam + copies + waits; from outside it is all "stall (incl. I/O)", from the end of
-        # backward on the device (the backward tail stays compute) to the end of the step's device work.
-        self.timeline.mark("optimizer", stall_since="backward")
-        value = loss.item()  # device->host sync point, once per step for every engine
         since = self.steps - self.warm_up
         self.steps += 1
-        timing.kind = ("warmup" if since < 0 else
-                       "update" if self.interval == 1 or since % self.interval == self.interval - 1 else "accumulate")
-        return value
+        if since < 0:
+            return "warmup"
+        return "update" if self.interval == 1 or since % self.interval == self.interval - 1 else "accumulate"
 
     def close(self) -> None:
         self.engine.destroy() if hasattr(self.engine, "destroy") else None

@@ -146,9 +146,16 @@ class Session:
             if self.i == self.warmup_steps:
                 self.sampling = self.sampled = bool(self.sampler.__enter__())  # NVML: the timed steps only
             timing = self.timeline.start_step(self.i)
-            timing.loss = self.engine.train_step(next(self.batches), timing)  # reads the loss: a sync point
-            if self.i < self.warmup_steps:
-                timing.kind = "warmup"
+            # Phase marks are CUDA events on a GPU: forward_backward_ms / optimizer_ms say when the device got
+            # there, not when the host launched the work (audit item 3); read once the step's events completed.
+            self.timeline.use_device(self.engine.device)
+            self.timeline.mark("forward")
+            loss = self.engine.forward_backward(next(self.batches))
+            self.timeline.mark("backward")
+            kind = self.engine.optimizer_step()
+            self.timeline.mark("optimizer", stall_since="backward" if self.engine.stall_includes_io else None)
+            timing.loss = loss.item()  # device->host sync point, once per step: the next step starts device-idle
+            timing.kind = "warmup" if self.i < self.warmup_steps else kind
             if self.workload.require_finite and not math.isfinite(timing.loss):
                 raise FloatingPointError(f"loss is {timing.loss} at step {self.i}")
             self.i += 1

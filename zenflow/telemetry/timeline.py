@@ -16,7 +16,7 @@ device, named in the record (`protocol.attribution`):
   not launch time (audit item 3). Nothing in a step synchronizes: a step's events are read at the next
   `start_step`, where `query()` says they completed; only `finish()`, after the last step, may wait.
 
-The protocol follows the engine's device: engines call `use_device(device)` at the top of `train_step`; until a
+The protocol follows the engine's device: the run loop calls `use_device(device)` at the top of every step; until a
 CUDA device is named the timeline is host-blocking (never a CUDA call on a CPU run). The clock and its events are
 a small seam (`HostClock`, `EventClock`), so tests check the CUDA arithmetic on the CPU with fake events. On CUDA
 each step also gets the allocator's peak device memory (peaks reset at every step start; audit item 25).
@@ -158,7 +158,7 @@ class StepTimeline(Observer):
         self._bytes: dict[str, int] = {}
 
     def use_device(self, device: torch.device | str) -> str:
-        """Follow the engine's device; returns the protocol's name. Engines call it at the top of every train_step
+        """Follow the engine's device; returns the protocol's name. The run loop (session.py) calls it at the top of every step
         (a no-op after the first); on a switch inside a step the anchor is taken here, before anything is queued."""
         if self._fixed or device is self._device:
             return self.attribution
