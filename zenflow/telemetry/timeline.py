@@ -158,8 +158,9 @@ class StepTimeline(Observer):
         self._bytes: dict[str, int] = {}
 
     def use_device(self, device: torch.device | str) -> str:
-        """Follow the engine's device; returns the protocol's name. The run loop (session.py) calls it at the top of every step
-        (a no-op after the first); on a switch inside a step the anchor is taken here, before anything is queued."""
+        """Follow the engine's device; returns the protocol's name. The run loop (session.py) calls it at the top
+        of every step (a no-op after the first); on a switch inside a step the anchor is taken here, before
+        anything is queued."""
         if self._fixed or device is self._device:
             return self.attribution
         self._device = device
