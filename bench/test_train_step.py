@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from zenflow.harness.engines import ENGINES, deepspeed_config
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE
+from zenflow.harness.engines import deepspeed_config
 from zenflow.harness.runner import RunSpec
 from zenflow.harness.stepper import SteppedEngine
 
@@ -37,9 +38,8 @@ CUDA = torch.cuda.is_available()
 STEPS_PER_ROUND = 4  # = ZENFLOW_BLOCK["update_interval"]
 ROUNDS, WARMUP_ROUNDS = (5, 1) if SMALL else (10, 2)
 # The Llama-2-7B scenario's settings (reproduce/llama7b.py): DeepSpeedExamples' ZenFlow fine-tuning.
-ZENFLOW_BLOCK = {"topk_ratio": 0.1, "update_interval": STEPS_PER_ROUND, "full_warm_up_rounds": 0,
-                 "overlap_step": True, "select_strategy": "step", "select_interval": 64}
-TINY_SHAPE = {"hidden": 64, "layers": 2, "intermediate": 128, "heads": 4}
+ZENFLOW_BLOCK = {**DEEPSPEED_EXAMPLES_BLOCK, "update_interval": STEPS_PER_ROUND}
+TINY_SHAPE = TINY_LLAMA_SHAPE
 
 # The cpu-scale workloads run on the CPU on every host (device "cpu"), so "cpu-scale" means the same everywhere.
 WORKLOADS: dict[str, dict] = (

@@ -28,10 +28,12 @@ from typing import Any
 
 import torch
 
+from zenflow.harness.configs import TINY_LLAMA_SHAPE
+
 ROOT = Path(__file__).resolve().parents[2]
 CAL_SEQS = (8, 32, 128)  # calibration points; validation runs use other sequence lengths (4, 16, 64, 256, 512)
 SCHEMA = "costmodel-calibration/1"
-SMOKE_SHAPE = {"hidden": 64, "layers": 2, "intermediate": 128, "heads": 4}
+SMOKE_SHAPE = TINY_LLAMA_SHAPE
 
 
 def _median_ms(fn, repeats: int = 5, warmup: int = 1) -> float:

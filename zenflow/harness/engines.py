@@ -23,11 +23,8 @@ from typing import Any
 import torch
 
 from zenflow import ZenFlowAdamW
+from zenflow.harness.configs import ENGINES, OFFLOAD_BLOCK
 from zenflow.telemetry.timeline import StepTimeline
-
-ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
-# ZeRO-Offload expressed as a ZenFlow block: nothing selected, every step a synchronous host update.
-OFFLOAD_BLOCK = {"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, "overlap_step": False}
 
 
 def deepspeed_config(engine: str, zenflow_block: dict[str, Any], dtype: str, micro_batch: int, lr: float,

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from zenflow import ZenFlowAdamW
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK
 from zenflow.selection import num_selected
 
 SCHEMA = "gpu-check/1"
@@ -50,8 +51,7 @@ CASES: dict[str, tuple[dict[str, Any], float]] = {  # name: (zenflow block, grad
 # On a GPU the differential's model is wider (≈1.3M parameters): copies long enough for a race to have room.
 CUDA_WIDTHS = (256, 1024, 1024, 256)
 # The engines' zenflow block is reproduce/llama7b.py's (DeepSpeedExamples' Llama-2 settings).
-ENGINE_BLOCK = {"topk_ratio": 0.1, "update_interval": 4, "full_warm_up_rounds": 0, "overlap_step": True,
-                "select_strategy": "step", "select_interval": 64}
+ENGINE_BLOCK = DEEPSPEED_EXAMPLES_BLOCK
 
 
 def check(name: str, status: str, reason: str | None = None, **details: Any) -> dict[str, Any]:
@@ -326,7 +326,7 @@ def pcie_verdict(ours: dict[str, int], dev: dict[str, Any], idle_dev: dict[str, 
 def engine_plan(cuda: bool, smoke: bool, llama7b: bool = False) -> list[tuple[str, dict[str, Any], dict[str, int]]]:
     """(engine, workload, steps) per run: a small Llama (the cpu-scale shape, bf16, seq 512) on a GPU, then the
     Llama-2-7B shapes (random weights) when asked; the tiny shape with a few steps on the CPU and in --smoke."""
-    from zenflow.harness.engines import ENGINES
+    from zenflow.harness.configs import ENGINES
 
     tiny = {"model": "cpu-scale", "dtype": "fp32", "seq_len": 16, "hidden": 64, "layers": 2, "intermediate": 128,
             "heads": 4, "data": "synthetic"}

@@ -10,12 +10,13 @@ from typing import Any
 
 from tabulate import tabulate
 
+from zenflow.harness.configs import ENGINES
 from zenflow.harness.records import RunRecord
 
 BASELINE = "ds-zero-offload"
 # Each ZenFlow engine's stall reduction is measured against the offload engine of the same family.
 STALL_BASELINE = {"ref-zenflow": "ref-offload", "ds-zenflow": "ds-zero-offload"}
-ENGINE_ORDER = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
+ENGINE_ORDER = ENGINES  # table order
 COLUMNS = ("engine", "runs", "median step ms", "cycle mean ms", "accumulate step ms", "update step ms",
            "compute ms", "I/O ms", "stall ms", "speedup vs ds-zero-offload", "stall reduction",
            "bytes/step ÷ model bytes", "final loss")

@@ -1,0 +1,22 @@
+"""The experiment's constants, in one place: engine names, the ZenFlow block of every run, model shapes.
+
+Configs are code and named after what they are tuned for (torchtitan's habit): change the block here and every
+reproduction, benchmark and check runs with it.
+"""
+
+from __future__ import annotations
+
+# The engines that run side by side (DESIGN §3), in table order.
+ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
+
+# ZeRO-Offload expressed as a ZenFlow block: nothing selected, every step a synchronous host update.
+OFFLOAD_BLOCK = {"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, "overlap_step": False}
+
+# DeepSpeedExamples' ZenFlow fine-tuning settings (the Llama-2-7B scenario, reproduce/llama7b.py, the benchmarks,
+# gpu-check). GLUE reselects twice as often (its epochs are short): GLUE_BLOCK.
+DEEPSPEED_EXAMPLES_BLOCK = {"topk_ratio": 0.1, "update_interval": 4, "full_warm_up_rounds": 0, "overlap_step": True,
+                            "select_strategy": "step", "select_interval": 64}
+GLUE_BLOCK = {**DEEPSPEED_EXAMPLES_BLOCK, "select_interval": 32}
+
+# A tiny Llama (the smoke runs of reproduce scripts, bench's ZENFLOW_BENCH_SMALL, calibration smoke): 2 layers of 64.
+TINY_LLAMA_SHAPE = {"hidden": 64, "layers": 2, "intermediate": 128, "heads": 4}
