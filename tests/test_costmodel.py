@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from zenflow.harness import presets
-from zenflow.harness.costmodel import ENGINES, Block, CostModelError, Inputs, best_block, main, predict, transfer_bytes
+from zenflow.harness.costmodel import ENGINES, Block, CostModelError, Inputs, best_block, predict, transfer_bytes
+from zenflow.harness.whatif import main
 
 ROOT = Path(__file__).resolve().parents[1]
 COSTMODEL = ROOT / "results" / "costmodel"
