@@ -3,7 +3,7 @@
 Every formula is explained in docs/cost-model.md. Inputs are rates measured by `zenflow.harness.calibrate` (the
 cpu-scale machine) or stated hardware facts (`zenflow.harness.presets`, GPU projections, labelled "projected").
 
-    python -m zenflow.harness.costmodel --help          # what-if: your numbers -> speedup, best topk/update_interval
+    python -m zenflow.harness.whatif --help            # what-if: your numbers -> speedup, best topk/update_interval
 """
 
 from __future__ import annotations
