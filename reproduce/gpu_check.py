@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from zenflow.harness import cli_checks as cc
 from zenflow.harness import gpu_check as gc
 from zenflow.telemetry.environment import capture_environment
 
@@ -26,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])  # one-line errors, exit 2 (cli_checks)
     ap.add_argument("--smoke", action="store_true", help="8-step differential, two ref engines with 2+4 steps")
     ap.add_argument("--llama7b-shapes", action="store_true", help="also run every engine at Llama-2-7B shapes")
-    ap.add_argument("--out", type=Path, default=None, help="default: results/gpu-check/<hardware-id>")
+    ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/gpu-check/<hardware-id>")
     return ap.parse_args(argv)
 
 
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cuda = torch.cuda.is_available()
     out = args.out or ROOT / "results" / "gpu-check" / env["hardware_id"]
+    problem = cc.folder_problem(out)  # the default folder (an --out was checked while parsing)
+    if problem:
+        return cc.refuse(f"argument --out: {str(out)!r} {problem}")
     notes = [f"{report['gpus_on_host']} GPUs on the host, this run uses {len(report['gpus'])}"] \
         if report["gpus_on_host"] > len(report["gpus"]) else []
     notes += [f"NVML cannot match: {e}" for e in report["mapping_errors"]]  # audit item 13: never guessed by index

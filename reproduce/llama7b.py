@@ -7,22 +7,31 @@ labelled "cpu-scale" everywhere. Output: records, table.md/.csv and figure.png i
 
     python reproduce/llama7b.py                      # what `make reproduce-llama7b` runs
     python reproduce/llama7b.py --model meta-llama/Llama-2-7b-hf --seq-len 512
+
+Every argument is checked before any run, model load or DeepSpeed import (zenflow/harness/cli_checks.py): a bad one
+gives one line naming the argument, the value and what is allowed, exit status 2, and nothing in --out. The plan's
+records are written to <out>/.partial/ and move into <out>/ only when every run is ok or skipped; a failed or
+interrupted plan leaves <out>/ as it was, with its records and a PARTIAL file in <out>/.partial/, which --resume
+continues (zenflow/harness/result_sets.py, docs/records.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
+from zenflow.harness import cli_checks as cc
 from zenflow.harness.engines import ENGINES, deepspeed_config
 from zenflow.harness.preflight import PreflightError, check_build_locks, check_cuda_usable
 from zenflow.harness.records import RunRecord, read_records
 from zenflow.harness.report import engine_rows, figure, runs_hardware_label, table, write_csv
+from zenflow.harness.result_sets import StagedPlan
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 from zenflow.telemetry.environment import capture_environment
 
@@ -33,54 +42,71 @@ SMOKE_SHAPE = {"hidden": 64, "layers": 2, "intermediate": 128, "heads": 4}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Every argument is checked here, before any run (cli_checks): a bad one exits 2 with one line on stderr."""
     gpu = torch.cuda.is_available()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="default: $MODEL, else Llama-2-7B on a GPU host (cpu-scale with "
-                    "--smoke or without a GPU)")
+    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=cc.model_or_builtin("cpu-scale"), default=os.environ.get("MODEL") or None,
+                    help="'cpu-scale', a hub id or a local folder; default: $MODEL, else Llama-2-7B on a GPU host "
+                    "(cpu-scale with --smoke or without a GPU)")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
-    ap.add_argument("--seq-len", type=int, default=None, help="default: 512 on a GPU host, 16 otherwise")
-    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--seq-len", type=cc.int_at_least(1), default=None, help="default: 512 on a GPU host, 16 otherwise")
+    ap.add_argument("--micro-batch", type=cc.int_at_least(1), default=1)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="where the engines train: auto = CUDA when torch can use it, else the CPU")
-    ap.add_argument("--num-gpus", type=int, default=1,
+    ap.add_argument("--num-gpus", type=cc.int_at_least(1), default=1,
                     help="GPUs (ranks) per run: > 1 needs --engines ds-zero-offload ds-zenflow (DeepSpeed launcher, "
                     "one table per world size); our reference engines are single-GPU")
-    ap.add_argument("--data", default="auto", help="Alpaca JSON path, 'synthetic', or 'auto'")
-    ap.add_argument("--repeats", type=int, default=2, help="rounds; engines interleaved within each round")
-    ap.add_argument("--warmup-steps", type=int, default=8)
-    ap.add_argument("--timed-steps", type=int, default=16, help="rounded up to whole update cycles")
-    ap.add_argument("--out", type=Path, default=None, help="default: results/llama7b/<hardware-id>")
+    ap.add_argument("--data", type=cc.data_source, default="auto", help="Alpaca JSON path, 'synthetic', or 'auto'")
+    ap.add_argument("--repeats", type=cc.int_at_least(1), default=2, help="rounds; engines interleaved within each")
+    ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=8)
+    ap.add_argument("--timed-steps", type=cc.int_at_least(1), default=16, help="rounded up to whole update cycles")
+    ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/llama7b/<hardware-id>")
+    ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out (<out>/.partial/): "
+                    "keep the ok records of the same runs, rerun the rest")
     ap.add_argument("--no-overhead-check", action="store_true", help="skip the run without telemetry")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 4+4 steps (for the test suite)")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
     small = args.smoke or not gpu  # the smoke run is the tiny cpu-scale shape on every host
-    args.model = args.model or os.environ.get("MODEL") or ("cpu-scale" if small else "meta-llama/Llama-2-7b-hf")
+    args.model = args.model or ("cpu-scale" if small else "meta-llama/Llama-2-7b-hf")
     args.seq_len = args.seq_len or (16 if small else 512)
+    cc.distinct(ap, "--engines", args.engines)
     ours = [e for e in args.engines if not e.startswith("ds-")]
-    if args.num_gpus < 1 or (args.num_gpus > 1 and ours):
-        ap.error(f"--num-gpus {args.num_gpus} with {', '.join(ours) or 'no engines'}: our reference engines run on "
-                 "one GPU and a table never mixes world sizes; for a multi-GPU DeepSpeed run pass "
+    if args.num_gpus > 1 and ours:
+        ap.error(f"argument --num-gpus: {args.num_gpus} with {', '.join(ours)}: our reference engines run on one GPU "
+                 "and a table never mixes world sizes; for a multi-GPU DeepSpeed run pass "
                  "--engines ds-zero-offload ds-zenflow")
+    if args.num_gpus > max(1, torch.cuda.device_count()):
+        ap.error(f"argument --num-gpus: {args.num_gpus} is not allowed: expected at most the "
+                 f"{torch.cuda.device_count()} CUDA GPU(s) torch can use here")
+    if args.device == "cuda" and not gpu:
+        ap.error("argument --device: 'cuda' is not allowed: torch cannot use CUDA here (expected 'auto' or 'cpu')")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except SystemExit as exc:  # argparse: one line and 2 on bad input, 0 after --help; returned to the caller
+        return exc.code
     env = capture_environment()
     out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"]
-    out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        report(read_records(out), out, env)
+        records = read_records(out) if out.is_dir() else []
+        if not records:
+            return cc.refuse(f"argument --report-only: no run records in {str(out)!r}: expected the --out of a run")
+        report(records, out, env)
         return 0
+    problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume)
+    if problem:
+        return cc.refuse(f"argument --out: {str(out)!r} {problem}")
     try:  # a GPU host whose torch cannot use CUDA would silently train on the CPU under the GPU's hardware id
         check_cuda_usable()
         if any(e.startswith("ds-") for e in args.engines):
             check_build_locks()  # a stale DeepSpeed op-build lock would hang every ds run with no output
     except PreflightError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return cc.refuse(str(exc))
     workload = {"model": args.model, "dtype": args.dtype, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
                 "data": args.data, "device": args.device, **(SMOKE_SHAPE if args.smoke else {})}
     steps = dict(warmup_steps=4, timed_steps=4) if args.smoke else dict(warmup_steps=args.warmup_steps,
@@ -88,21 +114,47 @@ def main(argv: list[str] | None = None) -> int:
     plan = [(r, e, True) for r in range(args.repeats) for e in args.engines]
     if "ref-zenflow" in args.engines and not args.no_overhead_check:
         plan += [(r, "ref-zenflow", False) for r in range(args.repeats)]
+    names = [f"{engine}{'' if telemetry else '-no-telemetry'}-r{rep}.json" for rep, engine, telemetry in plan]
+    staged = StagedPlan(out, names, command=cc.command_line("reproduce/llama7b.py", argv))
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the current child too, as Ctrl-C does
+    try:
+        records = run_plan(args, list(zip(plan, names)), staged, workload, steps)
+    except KeyboardInterrupt:
+        staged.stop()
+        print(f"interrupted: {out} is as it was; the records so far are in {staged.stage} (its PARTIAL file lists "
+              "the rest); --resume continues", file=sys.stderr)
+        return 130
+    complete = staged.finish()  # all ok or skipped: the records move into `out`
+    report(records, out if complete else staged.stage, env)
+    if not complete:
+        print(f"failed runs: {out} is as it was; this plan's records and table are in {staged.stage}; --resume "
+              "reruns the failed runs", file=sys.stderr)
+    return 0 if complete else 1
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_plan(args: argparse.Namespace, plan: list, staged: StagedPlan, workload: dict, steps: dict) -> list[RunRecord]:
+    """Each (repeat, engine, telemetry) in its own process, its record staged; --resume keeps ok records."""
     records = []
-    for i, (rep, engine, telemetry) in enumerate(plan):
+    for i, ((rep, engine, telemetry), name) in enumerate(plan):
         cfg = deepspeed_config(engine, ZENFLOW_BLOCK, args.dtype, args.micro_batch, lr=2e-5, weight_decay=0.01,
                                clipping=1.0, cuda=torch.cuda.is_available() and args.device != "cpu")
-        name = f"{engine}{'' if telemetry else '-no-telemetry'}-r{rep}.json"
-        print(f"[{i + 1}/{len(plan)}] {name}", file=sys.stderr, flush=True)
         spec = RunSpec(engine=engine, label="llama7b", workload=workload, ds_config=cfg, telemetry=telemetry,
                        num_gpus=args.num_gpus, extra={"repeat": rep}, **steps)
-        record = run_in_subprocess(spec, out / name)  # a ds-* engine without DeepSpeed: a "skipped" record
+        protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": -(-spec.timed_steps // spec.cycle) * spec.cycle,
+                    "telemetry": telemetry, "repeat": rep}  # timed steps: whole update cycles, as the run rounds
+        kept = staged.reuse(name, spec, protocol) if args.resume else None
+        print(f"[{i + 1}/{len(plan)}] {name}{' (kept: --resume)' if kept else ''}", file=sys.stderr, flush=True)
+        record = kept or run_in_subprocess(spec, staged.path(name))  # no DeepSpeed: a "skipped" record
+        staged.done(name, record)
         if record.status != "ok":
             word = "SKIPPED" if record.status == "skipped" else "FAILED"
             print(f"  {word}: {record.error.strip().splitlines()[-1] if record.error else '?'}", file=sys.stderr)
         records.append(record)
-    report(records, out, env)
-    return 0 if all(r.status in ("ok", "skipped") for r in records) else 1
+    return records
 
 
 def report(records: list[RunRecord], out: Path, env: dict) -> str:

@@ -10,7 +10,6 @@ projection.md/.csv/.png (PROJECTED GPU step times beside the paper's Figure 1 va
 
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import subprocess
@@ -20,6 +19,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from zenflow.harness import cli_checks as cc
+from zenflow.harness.configs import ENGINES
 from zenflow.harness.costmodel import Block, Inputs, Prediction, predict
 from zenflow.harness.presets import GPUS, MODELS, cpu_scale_inputs, gpu_inputs, host_rates_per_core, load_calibration
 from zenflow.harness.records import read_records
@@ -318,26 +319,33 @@ def run_validation(folder: Path, engines: list[str], repeats: int, seqs: tuple[i
 def main(argv: list[str] | None = None) -> int:
     from zenflow.telemetry.environment import capture_environment
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])  # every argument checked before any run
     ap.add_argument("--no-calibrate", action="store_true", help="reuse the committed calibration record")
     ap.add_argument("--run-validation", action="store_true", help="rerun the cpu-scale runs at --seqs first")
     ap.add_argument("--engines", nargs="+", default=["no-offload", "ref-offload", "ref-zenflow", "ds-zero-offload",
-                                                     "ds-zenflow"], help="engines of --run-validation")
-    ap.add_argument("--repeats", type=int, default=2, help="runs per engine and sequence (--run-validation)")
-    ap.add_argument("--seqs", type=int, nargs="+", default=list(EXTRA_SEQS), help="sequences (--run-validation)")
+                                                     "ds-zenflow"], choices=ENGINES, help="engines of --run-validation")
+    ap.add_argument("--repeats", type=cc.int_at_least(1), default=2,
+                    help="runs per engine and sequence (--run-validation)")
+    ap.add_argument("--seqs", type=cc.int_at_least(1), nargs="+", default=list(EXTRA_SEQS),
+                    help="sequences (--run-validation)")
     ap.add_argument("--hardware-id", default=None,
                     help="remake the validation and projection of a committed results/costmodel/<id>/ from its own "
                     "calibration and records (another machine's; implies --no-calibrate)")
     args = ap.parse_args(argv)
+    cc.distinct(ap, "--engines", args.engines)
+    cc.distinct(ap, "--seqs", args.seqs)
     hw = args.hardware_id or capture_environment()["hardware_id"]
     if args.hardware_id:
         if args.run_validation:
-            ap.error("--run-validation measures this machine; it cannot go with --hardware-id")
+            ap.error("argument --run-validation: measures this machine; it cannot go with --hardware-id")
         if not (ROOT / "results" / "costmodel" / hw / "calibration.json").exists():
-            ap.error(f"--hardware-id {hw}: no results/costmodel/{hw}/calibration.json (have: "
+            ap.error(f"argument --hardware-id: {hw}: no results/costmodel/{hw}/calibration.json (have: "
                      + ", ".join(sorted(p.name for p in (ROOT / "results" / "costmodel").glob("*/"))) + ")")
         args.no_calibrate = True
     out = ROOT / "results" / "costmodel" / hw
+    problem = cc.folder_problem(out)
+    if problem:
+        ap.error(f"results folder {str(out)!r} {problem}")
     if args.run_validation:
         run_validation(out / "validation", args.engines, args.repeats, tuple(args.seqs))
     if not args.no_calibrate or not (out / "calibration.json").exists():

@@ -36,77 +36,39 @@ SCHEMA = "costmodel-calibration/1"
 SMOKE_SHAPE = TINY_LLAMA_SHAPE
 
 
-def _median_ms(fn, repeats: int = 5, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-class _Blocks:
-    """Observer: wall time per blocking section of one step."""
-
-    def __init__(self) -> None:
-        self.ms: dict[str, float] = {}
-        self._open: dict[str, float] = {}
-
-    def on_transfer(self, direction: str, kind: str, nbytes: int) -> None:
-        pass
-
-    def on_block_start(self, what: str) -> None:
-        self._open[what] = time.perf_counter()
-
-    def on_block_end(self, what: str) -> None:
-        self.ms[what] = self.ms.get(what, 0.0) + (time.perf_counter() - self._open.pop(what)) * 1e3
-
-
 def _line(points: dict[int, float]) -> dict[str, float]:
     return {str(k): v for k, v in sorted(points.items())}
 
 
-def _training_loop(model: torch.nn.Module, block: dict[str, Any] | None, threads: int, seqs: tuple[int, ...],
+def _training_loop(w: Any, block: dict[str, Any] | None, threads: int, seqs: tuple[int, ...],
                    repeats: int) -> dict[str, Any]:
-    """A short training loop on real tokens: forward+backward timed alone, then the optimizer step, its blocking
-    sections read from the optimizer's observer. `block` None = plain fused AdamW (no-offload, clipping 1.0);
-    otherwise ZenFlowAdamW with that block, synchronous, selection once at the first step.
-    Returns the median forward+backward per sequence length and the median step parts over all timed steps."""
-    from zenflow import ZenFlowAdamW
+    """Short runs of the harness's one run loop (session.Session, in this process), one per sequence length:
+    `block` None = no-offload (plain fused AdamW, clipping 1.0); otherwise ref-zenflow with that block,
+    synchronous, selection once at the first step. The first two steps (selection, allocation) are not used.
+    Returns the median forward+backward per sequence length and the median step parts over all used steps: the
+    optimizer's blocking sections from the record's `blocks_ms`, the rest of the optimizer step as "device"."""
+    from zenflow.harness.engines import deepspeed_config
+    from zenflow.harness.session import RunSpec, Session
 
-    torch.set_num_threads(threads)
-    if block is None:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
-    else:
-        opt = ZenFlowAdamW(model.parameters(), lr=1e-5, weight_decay=0.01, gradient_clipping=1.0,
-                           zenflow={**block, "overlap_step": False, "select_strategy": "step",
-                                    "select_interval": 10**6})
+    engine = "no-offload" if block is None else "ref-zenflow"
+    zenflow = {**(block or {}), "overlap_step": False, "select_strategy": "step", "select_interval": 10**6}
+    cfg = deepspeed_config(engine, zenflow, w.dtype, micro_batch=1, lr=1e-5, weight_decay=0.01, clipping=1.0,
+                           cuda=False)
     fb: dict[int, float] = {}
     rows = []
     for seq in seqs:
-        ids = torch.randint(0, 32000, (1, seq), generator=torch.Generator().manual_seed(seq))
-        times = []
-        for i in range(repeats + 2):  # the first steps (selection, allocation) are not timed
-            start = time.perf_counter()
-            model(input_ids=ids, labels=ids).loss.backward()
-            after_fb = time.perf_counter()
-            obs = _Blocks()
-            handle = opt.add_observer(obs) if block is not None else None
-            if block is None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            total = (time.perf_counter() - after_fb) * 1e3
-            if handle is not None:
-                handle.remove()
-            if i >= 2:
-                times.append((after_fb - start) * 1e3)
-                rows.append({**obs.ms, "total": total})
-        fb[seq] = statistics.median(times)
-    if block is not None:
-        opt.close()
+        spec = RunSpec(engine=engine, label="calibration", workload={**w.to_dict(), "seq_len": seq,
+                                                                    "data": "synthetic", "device": "cpu"},
+                       ds_config=cfg, warmup_steps=2, timed_steps=repeats, threads=threads, progress=False)
+        session = Session(spec)
+        try:
+            session.step(2 + repeats)
+        finally:
+            session.close()
+        session.timeline.finish()
+        used = session.timeline.steps[2:]
+        fb[seq] = statistics.median(t.forward_backward_ms for t in used)
+        rows += [{**t.blocks_ms, "total": t.optimizer_ms} for t in used]
     keys = {k for r in rows for k in r}
     parts = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
     parts["device"] = parts["total"] - sum(v for k, v in parts.items() if k != "total")  # clip norm + device update
@@ -125,7 +87,7 @@ def calibrate(seq_lens: tuple[int, ...] = CAL_SEQS, repeats: int = 5, shape: dic
     loops = {"no_offload_2t": (None, 2), "offload_2t": ({"topk_ratio": 0.0, "update_interval": 1}, 2),
              "zenflow_r0.1_1t": ({"topk_ratio": 0.1, "update_interval": 1}, 1),
              "zenflow_r0_1t": ({"topk_ratio": 0.0, "update_interval": 1}, 1)}
-    measured = {name: _training_loop(build_model(w), block, threads, seq_lens, repeats)
+    measured = {name: _training_loop(w, block, threads, seq_lens, repeats)
                 for name, (block, threads) in loops.items()}
     contention = _contention(build_model(w), w, repeats)
     return {"schema": SCHEMA, "hardware_id": env["hardware_id"], "environment": env,

@@ -5,10 +5,10 @@ The checks are argparse `type=` functions (argparse calls them while parsing, al
 $MODEL, and turns their `ArgumentTypeError` into `error()`), plus `ArgumentParser`, whose `error()` prints that one
 line and no usage block (a wrapped usage would bury the line that says what is wrong; `--help` has it):
 
-    llama7b.py: error: argument --seq-len: 0 is not allowed: expected an integer >= 1
+    llama7b.py: error: argument --seq-len: '0' is not allowed: expected an integer >= 1 (see --help)
 
-Nothing here imports transformers or DeepSpeed or loads a model, and nothing is created on disk: an output folder is checked
-(a writable folder, or one that can be created), never made.
+Nothing here imports transformers or DeepSpeed or loads a model, and nothing is created on disk: an output folder
+is checked (a writable folder, or one that can be created), never made.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import argparse
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from zenflow.harness.glue import GlueError, get_task
+from zenflow.harness.result_sets import PARTIAL, unfinished_plan
 from zenflow.harness.workloads import WorkloadError, check_data
 
 # A Hugging Face hub id: "name" or "org/name", letters, digits, "-", "_", "." (no leading "." or "-", no "--"/"..").
@@ -156,3 +158,23 @@ def distinct(ap: argparse.ArgumentParser, option: str, values: Sequence) -> None
     twice = sorted({str(v) for v in values if list(values).count(v) > 1})
     if twice:
         ap.error(f"argument {option}: {', '.join(twice)} given more than once: expected each value once")
+
+
+def unfinished_problem(out: Path, resume: bool) -> str | None:
+    """A fresh start (no --resume) over an unfinished plan would throw its finished runs away: refused."""
+    if resume or unfinished_plan(out) is None:
+        return None
+    return (f"holds an unfinished plan ({PARTIAL}/, see the PARTIAL file there): expected --resume to continue it, "
+            f"or remove {str(out / PARTIAL)!r} to start afresh")
+
+
+def refuse(message: str) -> int:
+    """A bad input found after parsing (it needed the environment or a file): the same one line, exit status 2."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """The command that continues a plan, for its PARTIAL file (--resume is added there)."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", script, *(a for a in args if a != "--resume")])

@@ -5,15 +5,16 @@ missing or failed (rewritten after every run, so a kill leaves it right). When e
 records move into `<out>/` and `.partial/` is removed; until then `<out>/` keeps its last complete set as it was,
 and a failed or interrupted plan's table goes to `.partial/` too. `--resume` keeps the ok records of the same runs
 (from `.partial/`, then `<out>/`) and reruns the rest; a start without `--resume` over an unfinished plan is refused
-before any run, so finished runs are never thrown away by accident. docs/records.md states the rule.
+before any run, so finished runs are never thrown away by accident. Staged records that are not part of the plan
+that completes (an earlier plan's, resumed with other arguments) are dropped with `.partial/`. docs/records.md.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from zenflow.harness.records import RunRecord
 
@@ -26,6 +27,14 @@ def unfinished_plan(out: Path) -> Path | None:
     """The `.partial/` folder of an unfinished plan in `out`, if there is one."""
     stage = Path(out) / PARTIAL
     return stage if stage.is_dir() else None
+
+
+def same_run(old: RunRecord, spec: Any, protocol: dict[str, Any] | None = None) -> bool:
+    """Is `old` an ok record of the run `spec` (a RunSpec) describes: same engine, config, workload settings and the
+    given `protocol` entries? (--resume keeps such a record instead of running it again.)"""
+    return (old.status == "ok" and old.engine == spec.engine and old.config == spec.ds_config
+            and all(old.workload.get(k) == v for k, v in spec.workload.items())
+            and all(old.protocol.get(k) == v for k, v in (protocol or {}).items()))
 
 
 class StagedPlan:
@@ -44,14 +53,14 @@ class StagedPlan:
         """Where the run named `name` writes its record."""
         return self.stage / name
 
-    def reuse(self, name: str, same: Callable[[RunRecord], bool]) -> RunRecord | None:
-        """--resume: the ok record of this run (same settings) from `.partial/`, else from `<out>/`, or None."""
+    def reuse(self, name: str, spec: Any, protocol: dict[str, Any] | None = None) -> RunRecord | None:
+        """--resume: the ok record of this run (same_run) from `.partial/`, else from `<out>/`, or None."""
         for folder in (self.stage, self.out):
             try:
                 old = RunRecord.read(folder / name)
             except Exception:  # absent or unreadable: run it again
                 continue
-            if old.status == "ok" and same(old):
+            if same_run(old, spec, protocol):
                 if folder == self.out:
                     self.path(name).unlink(missing_ok=True)  # a stale staged copy must not replace it at finish()
                 self.done(name, old)

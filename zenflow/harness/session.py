@@ -233,7 +233,7 @@ def step_row(t: Any) -> dict[str, Any]:
             "io_ms": t.io_ms, "stall_ms": t.stall_ms, "forward_backward_ms": t.forward_backward_ms,
             "optimizer_ms": t.optimizer_ms, "telemetry_ms": t.telemetry_ms, "bytes": dict(t.bytes) or None,
             "loss": t.loss, "peak_memory_allocated_bytes": t.peak_memory_allocated_bytes,
-            "peak_memory_reserved_bytes": t.peak_memory_reserved_bytes}
+            "peak_memory_reserved_bytes": t.peak_memory_reserved_bytes, "blocks_ms": dict(t.blocks_ms) or None}
 
 
 def model_facts(model: Any) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class StepTiming:
     telemetry_ms: float = 0.0  # time spent inside this timeline's own callbacks (its overhead on the step)
     peak_memory_allocated_bytes: int | None = None  # CUDA only: allocator peaks during this step
     peak_memory_reserved_bytes: int | None = None
+    blocks_ms: dict[str, float] = field(default_factory=dict)  # device-idle ms per kind of blocking section
 
     @property
     def compute_ms(self) -> float | None:
@@ -291,6 +292,7 @@ def split_step(rec: _Recorded) -> None:
         t.optimizer_ms = (at["optimizer"] - at["backward"]) * 1e3
     for what, started, event, ended in rec.blocks:
         idle_ms = max(0.0, ended - reached(started, event)) * 1e3  # after the device drained what came before
+        t.blocks_ms[what] = t.blocks_ms.get(what, 0.0) + idle_ms
         if what in IO_BLOCKS:
             t.io_ms += idle_ms
         elif what in STALL_BLOCKS:
