@@ -7,13 +7,14 @@
 With --benchmark-disable (the smoke run of `make test`) each engine runs one round; the two DeepSpeed engines are
 skipped there unless ZENFLOW_BENCH_SMOKE_DEEPSPEED=1 (they need ~15 s each to start; tests/ runs DeepSpeed anyway).
 
-Each engine runs in its own child process built by the harness (zenflow/harness/stepper.py: the workload, engine
-adapters and StepTimeline of `runner.execute`), as every run does: DeepSpeed initialises once per process. One
-benchmark round asks the child for STEPS_PER_ROUND real training steps (forward, backward, optimizer step, loss read
-back: the sync point) and waits for them, so the round time is measured from outside around the real steps; the
-pipe round-trip adds ~0.1 ms to rounds of hundreds of ms. STEPS_PER_ROUND is the ZenFlow update interval, so every
-round is whole update cycles for every engine (ZenFlow's boundary step is in every round) and medians of different
-engines are directly comparable: time per 4 training steps. Model building and engine initialisation are untimed.
+Each engine runs in its own child process built by the harness (zenflow/harness/stepper.py driving the run loop of
+zenflow/harness/session.py, the same Session every run uses), as every run does: DeepSpeed initialises once per
+process. One benchmark round asks the child for STEPS_PER_ROUND real training steps (forward, backward, optimizer
+step, loss read back: the sync point) and waits for them, so the round time is measured from outside around the real
+steps; the pipe round-trip adds ~0.1 ms to rounds of hundreds of ms. STEPS_PER_ROUND is the ZenFlow update interval,
+so every round is whole update cycles for every engine (ZenFlow's boundary step is in every round) and medians of
+different engines are directly comparable: time per 4 training steps. Model building and engine initialisation are
+untimed.
 
 extra_info: the engine, the workload, per-step milliseconds (median round / STEPS_PER_ROUND), and the child's run
 record summary (step-time split into accumulate/update steps, compute / I/O / stall, bytes per step); the full

@@ -1,4 +1,4 @@
-"""Cost model (zenflow/harness/costmodel.py): limiting cases with known answers, monotonicity, bytes, bad input,
+"""Cost model (zenflow/costmodel/model.py): limiting cases with known answers, monotonicity, bytes, bad input,
 and the committed validation table regenerated from the committed records."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness import presets
-from zenflow.harness.costmodel import ENGINES, Block, CostModelError, Inputs, best_block, predict, transfer_bytes
-from zenflow.harness.whatif import main
+from zenflow.costmodel import presets
+from zenflow.costmodel.model import ENGINES, Block, CostModelError, Inputs, best_block, predict, transfer_bytes
+from zenflow.costmodel.validate import validation
+from zenflow.costmodel.whatif import main
 
 ROOT = Path(__file__).resolve().parents[1]
 COSTMODEL = ROOT / "results" / "costmodel"
@@ -165,9 +166,8 @@ def _project_module():
 def test_validation_table_regenerates_from_committed_records(folder: Path | None) -> None:
     if folder is None:
         _missing_validation_table()
-    project = _project_module()
     cal = presets.load_calibration(folder / "calibration.json", expect_hardware_id=folder.name)
-    rows = project.validation(cal, folder.name)
+    rows = validation(cal, folder.name)
     with open(folder / "validation.csv") as f:
         committed = list(csv.DictReader(f))
     assert [(r["seq"], r["engine"]) for r in rows] == [(int(c["seq"]), c["engine"]) for c in committed]
@@ -216,7 +216,7 @@ def test_calibration_smoke_gives_a_record_the_model_and_the_projection_can_use(t
     import sys
 
     out = tmp_path / "calibration.json"
-    done = subprocess.run([sys.executable, "-m", "zenflow.harness.calibrate", "--smoke", "--repeats", "1",
+    done = subprocess.run([sys.executable, "-m", "zenflow.costmodel.calibrate", "--smoke", "--repeats", "1",
                            "--wait-quiet", "0", "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     cal = presets.load_calibration(out)

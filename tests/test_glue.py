@@ -9,9 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness.glue import SHARED_GLUE, GlueError, compute_metrics, get_task, load_split, read_tsv, task_score
-from zenflow.harness.glue_report import init_warning_lines, markdown, speedups, summarize, verdict_lines
-from zenflow.harness.glue_run import check_model, default_model, subsample
+from zenflow.harness.glue.data import (
+    SHARED_GLUE,
+    GlueError,
+    compute_metrics,
+    get_task,
+    load_split,
+    read_tsv,
+    task_score,
+)
+from zenflow.harness.glue.report import init_warning_lines, markdown, speedups, summarize, verdict_lines
+from zenflow.harness.glue.workload import check_model, default_model, subsample
 from zenflow.harness.records import RunRecord
 from zenflow.harness.workloads import WorkloadError
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from zenflow.harness.glue import GlueError, get_task
+from zenflow.harness.glue.data import GlueError, get_task
 from zenflow.harness.result_sets import PARTIAL, unfinished_plan
 from zenflow.harness.workloads import WorkloadError, check_data
 

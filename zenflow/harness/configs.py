@@ -17,6 +17,9 @@ OFFLOAD_BLOCK = {"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, 
 DEEPSPEED_EXAMPLES_BLOCK = {"topk_ratio": 0.1, "update_interval": 4, "full_warm_up_rounds": 0, "overlap_step": True,
                             "select_strategy": "step", "select_interval": 64}
 GLUE_BLOCK = {**DEEPSPEED_EXAMPLES_BLOCK, "select_interval": 32}
+# GLUE's default training subsets (data seed 0), sized so that five engines × three seeds fit ≈60 min on 2 cores
+# (docs/glue.md has the measured per-run times); any other task: 2048.
+GLUE_TRAIN_EXAMPLES = {"SST-2": 2048, "MRPC": 2560, "RTE": 1024}
 
 # A tiny Llama (the smoke runs of reproduce scripts, bench's ZENFLOW_BENCH_SMALL, calibration smoke): 2 layers of 64.
 TINY_LLAMA_SHAPE = {"hidden": 64, "layers": 2, "intermediate": 128, "heads": 4}

@@ -8,7 +8,7 @@
 `run_in_subprocess` (runner.py) calls `Session(spec).run()` in a fresh child; `SteppedEngine` (stepper.py) drives
 the same session over a pipe, a few steps per benchmark round. A workload is an object with `model`, `device`,
 `description`, `batches()`, and optionally a fixed number of `steps`, its own `warmup_steps`, extra `protocol`
-fields, a `label`, `require_finite` and `evaluate(model) -> metrics` (the GLUE workload, glue_run.py).
+fields, a `label`, `require_finite` and `evaluate(model) -> metrics` (the GLUE workload, glue/workload.py).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class LMWorkload:
 
 def build_workload(spec: RunSpec) -> Any:
     if spec.workload.get("kind") == "glue":
-        from zenflow.harness.glue_run import GlueWorkload  # fine-tune + evaluate
+        from zenflow.harness.glue.workload import GlueWorkload  # fine-tune + evaluate
 
         return GlueWorkload(spec)
     return LMWorkload(spec)

@@ -10,7 +10,7 @@ Each constant is measured alone, outside any end-to-end run, on the machine at h
   parameter copy / scatter back; the rest of the step is clipping norm + device update;
 - contention: forward+backward on one core while the other core runs host AdamW, against each alone.
 
-    python -m zenflow.harness.calibrate [--out results/costmodel/<hardware-id>/calibration.json]
+    python -m zenflow.costmodel.calibrate [--out results/costmodel/<hardware-id>/calibration.json]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from zenflow.harness.configs import TINY_LLAMA_SHAPE
+from zenflow.telemetry.neighbours import NeighbourWatch, wait_until_quiet
 
 ROOT = Path(__file__).resolve().parents[2]
 CAL_SEQS = (8, 32, 128)  # calibration points; validation runs use other sequence lengths (4, 16, 64, 256, 512)
@@ -161,21 +161,6 @@ def _contention(model: torch.nn.Module, w: Any, repeats: int) -> dict[str, float
             "adamw_elements": n}
 
 
-def _neighbours() -> int:
-    """Other heavy jobs on this shared machine (training runs, benchmarks, compilers), not ours."""
-    mine = {os.getpid(), os.getppid()}
-    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout.splitlines()[1:]
-    busy = ("harness.runner", "harness.stepper", "cc1plus", "pytest", "reproduce/")
-    return sum(1 for line in out if any(b in line for b in busy) and int(line.split()[0]) not in mine
-               and int(line.split()[1]) not in mine)
-
-
-def _watch(seen: list[int], done: Any) -> None:
-    while not done.is_set():
-        seen.append(_neighbours())
-        done.wait(2)
-
-
 def main(argv: list[str] | None = None) -> int:
     from zenflow.telemetry.environment import capture_environment
 
@@ -186,17 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait-quiet", type=float, default=180, help="wait up to this many seconds until no other "
                     "heavy job (training run, benchmark, compiler) runs on this machine")
     args = ap.parse_args(argv)
-    deadline = time.time() + args.wait_quiet
-    while _neighbours() and time.time() < deadline:
-        time.sleep(1)
-    seen, done = [], threading.Event()
-    watcher = threading.Thread(target=_watch, args=(seen, done), daemon=True)
-    watcher.start()
+    wait_until_quiet(args.wait_quiet)
     out = args.out or ROOT / "results" / "costmodel" / capture_environment()["hardware_id"] / "calibration.json"
-    record = calibrate(repeats=args.repeats, shape=SMOKE_SHAPE if args.smoke else None)
-    done.set()
-    watcher.join()
-    record["neighbour_busy_fraction"] = sum(1 for n in seen if n) / max(1, len(seen))
+    with NeighbourWatch() as watch:
+        record = calibrate(repeats=args.repeats, shape=SMOKE_SHAPE if args.smoke else None)
+    record["neighbour_busy_fraction"] = watch.busy_fraction
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, default=str) + "\n")
     print(f"wrote {out}")

@@ -18,13 +18,15 @@ from typing import Any
 
 import torch
 
-from zenflow.harness.glue import Examples, Task, compute_metrics, get_task, load_split, task_score
+from zenflow.harness.glue.data import Examples, GlueError, Task, compute_metrics, get_task, load_split, task_score
 from zenflow.harness.workloads import DTYPES, WorkloadError
 
 GLUE_DEFAULTS = {"kind": "glue", "task": "SST-2", "model": None, "glue_dir": None, "strict": False,
                  "train_examples": None, "eval_examples": None, "epochs": 1, "seq_len": 128, "micro_batch": 16,
                  "dtype": "fp32", "seed": 0, "data_seed": 0}
 EVAL_BATCH = 64
+# How a run child reports bad input (not a failed run): the exception lines its traceback ends with.
+BAD_INPUT = ("zenflow.harness.glue.data.GlueError: ", "zenflow.harness.workloads.WorkloadError: ")
 
 
 def default_model() -> str:
@@ -125,6 +127,24 @@ def subsample(data: Examples, n: int | None, seed: int) -> Examples:
     if n is None or n >= len(data):
         return data
     return data.subset(sorted(random.Random(seed).sample(range(len(data)), n)))
+
+
+def check_inputs(tasks: list[str], glue_dir: Path | None, model: str | None) -> tuple[list[str], str]:
+    """The bad inputs parsing cannot see, found before any run: a missing task folder or split, a malformed TSV, a
+    model without config, tokenizer, classification head or weights. Raises GlueError / WorkloadError with one
+    message that names the argument."""
+    try:
+        for task in tasks:
+            for split in ("train", *get_task(task).dev_splits):
+                load_split(task, split, glue_dir, strict=glue_dir is not None)
+    except GlueError as exc:
+        raise GlueError(f"argument {'--glue-dir' if glue_dir else '--tasks'}: {exc}") from None
+    try:
+        model = model or default_model()
+        check_model(model)
+    except WorkloadError as exc:
+        raise WorkloadError(f"argument --model: {exc}") from None
+    return list(tasks), model
 
 
 class GlueWorkload:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SHARED_GLUE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "glue"
+SHARED_GLUE = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "glue"
 HUB_DATASET = "nyu-mll/glue"
 
 

@@ -18,9 +18,10 @@ from typing import Any
 
 from tabulate import tabulate
 
-from zenflow.harness.glue import get_task, metric_name
+from zenflow.harness.configs import ENGINES, GLUE_BLOCK
+from zenflow.harness.glue.data import get_task, metric_name
 from zenflow.harness.records import RunRecord
-from zenflow.harness.report import ENGINE_ORDER, engine_rank
+from zenflow.harness.report import engine_rank, runs_hardware_label
 
 FAMILIES = {"DeepSpeed": ("ds-zenflow", "ds-zero-offload"), "ours": ("ref-zenflow", "ref-offload")}
 AVERAGE = "average"
@@ -103,7 +104,7 @@ def _verdict(p: dict[str, Any] | None) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], speed: dict[str, Any], records: list[RunRecord] = ()) -> list[str]:
-    engines = [e for e in ENGINE_ORDER if any(e in r["engines"] for r in rows)]
+    engines = [e for e in ENGINES if any(e in r["engines"] for r in rows)]
     headers = ["task", "metric", "majority class", *engines, *(f"ZenFlow − ZeRO-Offload ({f})" for f in FAMILIES),
                *(f"parity ({f})" for f in FAMILIES)]
     body = []
@@ -192,7 +193,7 @@ def figure(rows: list[dict[str, Any]], speed: dict[str, Any], path: Path, title:
     import matplotlib.pyplot as plt
 
     avg = rows[-1]["engines"]
-    engines = [e for e in ENGINE_ORDER if e in avg]
+    engines = [e for e in ENGINES if e in avg]
     if not engines:
         return
     means = [avg[e]["mean"] / 100 for e in engines]
@@ -222,3 +223,49 @@ def figure(rows: list[dict[str, Any]], speed: dict[str, Any], path: Path, title:
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def describe_runs(ok: list[RunRecord]) -> tuple[list[str], str]:
+    """The settings of the runs, read back from their records; and the model's display name."""
+    if not ok:
+        return [], "?"
+    first, w = ok[0], ok[0].workload
+    name = str(w.get("model_name") or w.get("model"))
+    sizes = sorted({(r.metrics["task"], w2.get("train_size"), w2.get("train_of") or w2.get("train_size"),
+                     ", ".join(f"{k} {v}" for k, v in (w2.get("eval_size") or {}).items()))
+                    for r in ok for w2 in [r.workload]})
+    block = next((r.config["zero_optimization"].get("zenflow") for r in ok if r.engine == "ref-zenflow"), GLUE_BLOCK)
+    return [f"Model: {name} ({first.model.get('parameters', 0) / 1e6:.1f}M params, {w.get('dtype')}), sequence "
+            f"≤ {w.get('seq_len')} (dynamic padding), micro-batch {w.get('micro_batch')}, {w.get('epochs')} epoch(s), "
+            f"AdamW lr {first.config['optimizer']['params']['lr']} (constant), weight decay "
+            f"{first.config['optimizer']['params']['weight_decay']}, clipping {first.config['gradient_clipping']}.",
+            "Training examples (fixed random subset, the same for every seed and engine) and dev examples: "
+            + "; ".join(f"{t} {n} of {of}, {d}" for t, n, of, d in sizes) + ".",
+            f"ZenFlow block: {block}. Scores in points (0–100): mean ± sample std over seeds "
+            f"{sorted({r.workload.get('seed') for r in ok})}. Parity: |ZenFlow − ZeRO-Offload| ≤ max(1.0, 2 × the "
+            "larger seed std)."] + (
+            ["**Diagnostic run: ds-zenflow ran with DeepSpeed 0.19.8's weight view repaired (divergence G, "
+             "zenflow/harness/ds_divergences.py); it is not DeepSpeed as shipped.**"]
+            if any(r.protocol.get("ds_repair_weight_view") for r in ok) else []) + [""], name
+
+
+def parity_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> str:
+    """The GLUE table.md/.csv, parity.csv and figure.png in `out`, from the records (reproduce/glue.py)."""
+    ok = [r for r in records if r.status == "ok" and r.workload.get("kind") == "glue"]
+    rows, speed = summarize(ok), speedups(ok)
+    label = runs_hardware_label(ok, env)
+    settings, model_name = describe_runs(ok)
+    text = [f"# GLUE parity — {label}", "", *settings]
+    text += markdown(rows, speed, ok) if rows else ["no successful runs"]
+    failed = [f"{r.label} {r.engine} seed {r.workload.get('seed')}" for r in records if r.status != "ok"]
+    if failed:
+        text.append(f"- FAILED runs (see their records): {', '.join(failed)}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text("\n".join(text) + "\n")
+    if rows:
+        write_csv(rows, out / "table.csv")
+        write_parity_csv(rows, out / "parity.csv")
+        figure(rows, speed, out / "figure.png", "GLUE parity: ZenFlow vs ZeRO-Offload",
+               f"{label}; {model_name.split(' (')[0]}, {', '.join(r['task'] for r in rows[:-1] or rows)}")
+    print("\n".join(text))
+    return "\n".join(text)

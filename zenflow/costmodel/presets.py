@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.costmodel import CostModelError, Inputs
+from zenflow.costmodel.model import CostModelError, Inputs
 
 MFU = 0.40  # assumed model FLOP utilisation of forward+backward (dense bf16 fine-tuning); an assumption, not fitted
 HBM_EFFICIENCY = 0.7  # assumed fraction of datasheet HBM bandwidth reached by the memory-bound optimizer kernels
@@ -65,7 +65,7 @@ def load_calibration(path: str | Path, expect_hardware_id: str | None = "this ma
     path = Path(path)
     if not path.exists():
         raise CostModelError(f"calibration record {str(path)!r} not found "
-                             "(make it: python -m zenflow.harness.calibrate)")
+                             "(make it: python -m zenflow.costmodel.calibrate)")
     try:
         cal = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -78,7 +78,7 @@ def load_calibration(path: str | Path, expect_hardware_id: str | None = "this ma
         expect_hardware_id = capture_environment()["hardware_id"]
     if expect_hardware_id is not None and cal.get("hardware_id") != expect_hardware_id:
         raise CostModelError(f"{path}: calibration record of hardware id {cal.get('hardware_id')!r}, but this is "
-                             f"{expect_hardware_id!r}; calibrate here: python -m zenflow.harness.calibrate")
+                             f"{expect_hardware_id!r}; calibrate here: python -m zenflow.costmodel.calibrate")
     return cal
 
 

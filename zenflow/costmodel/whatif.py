@@ -1,8 +1,8 @@
 """What-if: predicted ZeRO-Offload vs ZenFlow step time for your hardware, from the cost model (PROJECTED, never a
 measurement; docs/cost-model.md).
 
-    python -m zenflow.harness.whatif --gpu h100 --model llama2-7b
-    python -m zenflow.harness.whatif --calibration results/costmodel/<hardware-id>/calibration.json
+    python -m zenflow.costmodel.whatif --gpu h100 --model llama2-7b
+    python -m zenflow.costmodel.whatif --calibration results/costmodel/<hardware-id>/calibration.json
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zenflow.harness import presets
-from zenflow.harness.costmodel import Block, CostModelError, best_block, predict_all
+from zenflow.costmodel import presets
+from zenflow.costmodel.model import Block, CostModelError, best_block, predict_all
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m zenflow.harness.whatif",
+        prog="python -m zenflow.costmodel.whatif",
         description="What-if: predicted ZeRO-Offload vs ZenFlow step time for your hardware (projected, not measured). "
         "Either a GPU preset (--gpu) with a model preset or your own numbers, or --calibration RECORD for this "
         "machine's cpu-scale workload.")

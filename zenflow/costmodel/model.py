@@ -1,9 +1,9 @@
 """Cost model: step time, compute / I/O / stall split and bytes of no-offload, ZeRO-Offload and ZenFlow.
 
-Every formula is explained in docs/cost-model.md. Inputs are rates measured by `zenflow.harness.calibrate` (the
-cpu-scale machine) or stated hardware facts (`zenflow.harness.presets`, GPU projections, labelled "projected").
+Every formula is explained in docs/cost-model.md. Inputs are rates measured by `zenflow.costmodel.calibrate` (the
+cpu-scale machine) or stated hardware facts (`zenflow.costmodel.presets`, GPU projections, labelled "projected").
 
-    python -m zenflow.harness.whatif --help            # what-if: your numbers -> speedup, best topk/update_interval
+    python -m zenflow.costmodel.whatif --help            # what-if: your numbers -> speedup, best topk/update_interval
 """
 
 from __future__ import annotations

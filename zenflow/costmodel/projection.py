@@ -1,0 +1,31 @@
+"""The GPU projection: ZeRO-Offload vs ZenFlow step times for each GPU preset and model, beside the paper's
+Figure 1. Everything here is PROJECTED (docs/cost-model.md); nothing is fitted to the paper."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zenflow.costmodel.model import predict
+from zenflow.costmodel.presets import GPUS, MODELS, gpu_inputs, host_rates_per_core
+from zenflow.costmodel.validate import BLOCK
+
+# Paper Figure 1 (arXiv 2505.12242, Llama-2-7B): speedup over ZeRO-Offload and stall reduction (issue 6's ranges).
+PAPER = {"a100": ("4.6–5.1×", "−88…−90%"), "h100": ("3.2–4.1×", "−82…−87%")}
+
+
+def projection(cal: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (GPU, model): projected step times, speedup and stall reduction, and the paper's values."""
+    adamw, accum = host_rates_per_core(cal)
+    rows = []
+    for gpu in GPUS:
+        for model in MODELS:
+            x = gpu_inputs(model, gpu, adamw, accum)
+            off, zen = predict(x, "zero-offload"), predict(x, "zenflow-overlap", BLOCK)
+            x1 = gpu_inputs(model, gpu, adamw, accum, micro_batch=1)  # sensitivity: 8x fewer tokens per step
+            speedup_mb1 = predict(x1, "zero-offload").cycle_ms / predict(x1, "zenflow-overlap", BLOCK).cycle_ms
+            rows.append({"gpu": gpu, "model": MODELS[model]["label"], "params_b": x.column_params / 1e9,
+                         "fb_ms": x.fb_ms, "zero_offload_ms": off.cycle_ms, "zenflow_ms": zen.cycle_ms,
+                         "speedup": off.cycle_ms / zen.cycle_ms, "stall_reduction": 1 - zen.stall_ms / off.stall_ms,
+                         "speedup_micro_batch_1": speedup_mb1,
+                         "paper_speedup": PAPER[gpu][0], "paper_stall": PAPER[gpu][1]})
+    return rows
