@@ -1,0 +1,51 @@
+"""Every committed table is made from its committed records only: remaking it from them gives the same bytes
+(issue 12: tables and figures read records only; a change of schema or report shows up here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zenflow.costmodel.presets import load_calibration
+from zenflow.costmodel.projection import projection
+from zenflow.costmodel.tables import write_projection, write_validation
+from zenflow.costmodel.validate import validation
+from zenflow.harness.glue.report import parity_report
+from zenflow.harness.records import read_records
+from zenflow.harness.report import scenario_report
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+NO_ENV: dict = {}  # the hardware label comes from the records themselves
+
+
+def _sets(pattern: str) -> list[Path]:
+    return sorted(p.parent for p in RESULTS.glob(pattern)) or pytest.fail(f"no committed {pattern} to check")
+
+
+def _same_files(committed: Path, remade: Path, names: tuple[str, ...]) -> None:
+    for name in names:
+        if (committed / name).exists():
+            assert (remade / name).read_bytes() == (committed / name).read_bytes(), f"{committed / name} differs"
+
+
+@pytest.mark.parametrize("folder", _sets("llama7b/*/table.md"), ids=lambda p: p.name)
+def test_llama_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    scenario_report(read_records(folder), tmp_path, NO_ENV)
+    _same_files(folder, tmp_path, ("table.md", "table.csv"))
+
+
+@pytest.mark.parametrize("folder", _sets("glue/**/table.md"), ids=lambda p: str(p.relative_to(RESULTS / "glue")))
+def test_glue_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    parity_report(read_records(folder), tmp_path, NO_ENV)
+    _same_files(folder, tmp_path, ("table.md", "table.csv", "parity.csv"))
+
+
+@pytest.mark.parametrize("folder", _sets("costmodel/*/calibration.json"), ids=lambda p: p.name)
+def test_costmodel_tables_regenerate_byte_identical(folder: Path, tmp_path: Path) -> None:
+    cal = load_calibration(folder / "calibration.json", folder.name)
+    rows = validation(cal, folder.name)
+    if rows:
+        write_validation(rows, tmp_path, cal)
+    write_projection(projection(cal), tmp_path, cal)
+    _same_files(folder, tmp_path, ("validation.md", "validation.csv", "projection.md", "projection.csv"))
