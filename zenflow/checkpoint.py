@@ -20,8 +20,10 @@ from zenflow.host import HostColumns
 if TYPE_CHECKING:
     from zenflow.optimizer import ZenFlowAdamW
 
-FORMAT = "zenflow-adamw/2"  # 2: the "auto" interval's history is per-step masses (auto_interval.py)
-READABLE = ("zenflow-adamw/1", FORMAT)  # /1 loads with an empty "auto" history (its rule read other numbers)
+# 2: the "auto" interval's history is per-step masses (auto_interval.py); 3: data parallelism (rank, world_size,
+# each weight's width: a rank holds only its block of the host columns)
+FORMAT = "zenflow-adamw/3"
+READABLE = ("zenflow-adamw/1", "zenflow-adamw/2", FORMAT)  # /1: an empty "auto" history; /1, /2: one process
 HOST_TENSORS = ("master", "exp_avg", "exp_avg_sq", "cols")
 DEVICE_TENSORS = ("sel", "unsel", "d_master", "d_exp_avg", "d_exp_avg_sq")
 DENSE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
@@ -36,7 +38,7 @@ def pack(opt: ZenFlowAdamW) -> dict[str, Any]:
             entry = {name: st[name] for name in DEVICE_TENSORS} | {"d_step": st["d_step"]}
             entry |= {f"host_{name}": getattr(part, name) for name in HOST_TENSORS}
             entry |= {"host_accumulators": list(part.accumulators), "host_counts": list(part.counts),
-                      "host_step": part.step, "host_staged": part.staged}
+                      "host_step": part.step, "host_staged": part.staged, "width": st["width"]}
         else:
             entry = {name: st[name] for name in DENSE_TENSORS} | {"step": st["step"]}
         state[index[id(p)]] = entry
@@ -47,7 +49,8 @@ def pack(opt: ZenFlowAdamW) -> dict[str, Any]:
                         "host_updates": opt.host_updates, "since_boundary": opt._since_boundary,
                         "slot": opt._slot,
                         "auto_history": [r.to_state(opt._wait_for) for r in opt._auto_history],
-                        "pending_upload": opt._pending is not None}}
+                        "pending_upload": opt._pending is not None,
+                        "rank": opt.dp.rank if opt.dp else 0, "world_size": opt.dp.world if opt.dp else 1}}
 
 
 def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
@@ -63,6 +66,7 @@ def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
     if saved_config != dataclasses.asdict(opt.config):
         raise ConfigError(f"state_dict zenflow config {saved_config} differs from the optimizer's "
                           f"{dataclasses.asdict(opt.config)}: resume with the same zenflow block")
+    _check_ranks(opt, sd["zenflow"])
     entries = [(params[int(i)], entry) for i, entry in sd["state"].items()]
     for p, entry in entries:  # check everything before changing anything
         _check_entry(p, opt.state[p], entry)
@@ -92,12 +96,21 @@ def _check_entry(p: torch.Tensor, st: dict, entry: dict) -> None:
             if st[name] is not None:
                 _check_shape(name, st[name], entry[name])
         return
-    part = st["host"]
-    width = part.master.shape[1] + st["sel"].numel()
-    saved_width = entry["host_master"].shape[1] + entry["sel"].numel()
-    if (part.master.shape[0], width) != (entry["host_master"].shape[0], saved_width):
+    width = st["width"]
+    saved_width = entry.get("width", entry["host_master"].shape[1] + entry["sel"].numel())  # /1: one process
+    if (p.shape[0], width) != (entry["host_master"].shape[0], saved_width):
         raise ConfigError(f"state_dict host_master: a weight of {entry['host_master'].shape[0]}x{saved_width} "
-                          f"does not match the parameter's {part.master.shape[0]}x{width}")
+                          f"does not match the parameter's {p.shape[0]}x{width}")
+
+
+def _check_ranks(opt: ZenFlowAdamW, z: dict[str, Any]) -> None:
+    """A rank's state holds its block of the host columns: it loads only into the same rank of the same world."""
+    saved = (z.get("rank", 0), z.get("world_size", 1))
+    mine = (opt.dp.rank, opt.dp.world) if opt.dp else (0, 1)
+    if saved != mine:
+        raise ConfigError(f"state_dict of rank {saved[0]} of {saved[1]} cannot load into rank {mine[0]} of {mine[1]}: "
+                          "resume with the same world size, each rank its own file; or convert it with "
+                          "zenflow.checkpoint.consolidate (W ranks -> one process) and shard (one process -> W ranks)")
 
 
 def _restore_entry(opt: ZenFlowAdamW, p: torch.Tensor, st: dict, entry: dict) -> None:
@@ -127,3 +140,53 @@ def _check_shape(name: str, mine: torch.Tensor, saved: torch.Tensor) -> None:
     if tuple(mine.shape) != tuple(saved.shape):
         raise ConfigError(f"state_dict {name}: shape {tuple(saved.shape)} does not match the parameter's "
                           f"{tuple(mine.shape)}")
+
+
+# ---- data parallelism: W per-rank state dicts <-> one process's -------------------------------------------
+HOST_BLOCKS = ("host_master", "host_exp_avg", "host_exp_avg_sq")
+
+
+def consolidate(state_dicts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The state dicts of all W ranks (any order) -> the state dict of one process training the same run: each
+    weight's host columns gathered from the ranks' blocks; everything else is the same on every rank."""
+    by_rank = sorted(state_dicts, key=lambda sd: sd["zenflow"].get("rank", 0))
+    world = by_rank[0]["zenflow"].get("world_size", 1)
+    if [sd["zenflow"].get("rank", 0) for sd in by_rank] != list(range(world)):
+        raise ConfigError(f"consolidate: expected the state dicts of ranks 0..{world - 1}, one each; got ranks "
+                          f"{[sd['zenflow'].get('rank', 0) for sd in by_rank]}")
+    out = {**by_rank[0], "state": {}, "zenflow": {**by_rank[0]["zenflow"], "rank": 0, "world_size": 1}}
+    for key, entry in by_rank[0]["state"].items():
+        if "host_master" not in entry:
+            out["state"][key] = entry
+            continue
+        parts = [sd["state"][key] for sd in by_rank]
+        cols = torch.cat([e["host_cols"] for e in parts])
+        order = torch.argsort(cols)
+        merged = {name: torch.cat([e[name] for e in parts], dim=1)[:, order] for name in HOST_BLOCKS}
+        accumulators = [torch.cat([e["host_accumulators"][i] for e in parts], dim=1)[:, order]
+                        for i in range(len(entry["host_accumulators"]))]
+        out["state"][key] = {**entry, **merged, "host_cols": cols[order], "host_accumulators": accumulators,
+                             "unsel": cols[order].to(entry["unsel"].device)}
+    return out
+
+
+def shard(state_dict: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """One process's state dict -> the one rank `rank` of `world` loads (its block of every weight's host
+    columns), so a run can continue on W ranks."""
+    from zenflow.distributed import owner_of
+
+    if state_dict["zenflow"].get("world_size", 1) != 1:
+        raise ConfigError("shard: expected a one-process state dict (consolidate the ranks' state dicts first)")
+    out = {**state_dict, "state": {}, "zenflow": {**state_dict["zenflow"], "rank": rank, "world_size": world}}
+    for key, entry in state_dict["state"].items():
+        if "host_master" not in entry:
+            out["state"][key] = entry
+            continue
+        width = entry.get("width", entry["host_master"].shape[1] + entry["sel"].numel())  # /1, /2: one process
+        mine = owner_of(entry["host_cols"], width, world) == rank
+        out["state"][key] = {**entry, **{name: entry[name][:, mine] for name in HOST_BLOCKS},
+                             "host_cols": entry["host_cols"][mine], "width": width,
+                             "unsel": entry["host_cols"][mine].to(entry["unsel"].device),
+                             "host_accumulators": [acc[:, mine] for acc in entry["host_accumulators"]]}
+    return out
+

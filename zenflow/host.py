@@ -61,13 +61,13 @@ class HostColumns:
                    param_staging=host_empty(shape, model_dtype), cols=cols, counts=[0] * n_accumulators, step=step)
 
     @classmethod
-    def all_columns(cls, weight: torch.Tensor, n_accumulators: int, host_empty: Callable,
-                    n_staging: int = 1) -> HostColumns:
-        """Initial state: the host owns every column (nothing is selected before the first selection)."""
-        master = weight.detach().to("cpu", torch.float32, copy=True).contiguous()
-        return cls.create(master, torch.zeros_like(master), torch.zeros_like(master),
-                          torch.arange(master.shape[1]), weight.dtype, n_accumulators, host_empty,
-                          n_staging=n_staging)
+    def of_columns(cls, weight: torch.Tensor, cols: torch.Tensor, n_accumulators: int, host_empty: Callable,
+                   n_staging: int = 1) -> HostColumns:
+        """Initial state: the host owns `cols` (every column, or this rank's block of them with data parallelism;
+        nothing is selected before the first selection)."""
+        master = weight.detach().index_select(1, cols.to(weight.device)).to("cpu", torch.float32).contiguous()
+        return cls.create(master, torch.zeros_like(master), torch.zeros_like(master), cols, weight.dtype,
+                          n_accumulators, host_empty, n_staging=n_staging)
 
 
 @dataclass
@@ -144,7 +144,7 @@ def host_adamw_(groups: list[tuple[list[HostColumns], AdamWHyper]], slot: int) -
     A parameter that received no gradient since its last update is left alone (as torch.optim does).
     """
     for parts, hp in groups:
-        parts = [p for p in parts if p.n_host > 0 and p.counts[slot] > 0]
+        parts = [p for p in parts if p.counts[slot] > 0]  # a rank's empty block still counts the update
         grads = [p.accumulators[slot] if p.counts[slot] == 1 else p.accumulators[slot].div_(p.counts[slot])
                  for p in parts]
         for p in parts:

@@ -28,12 +28,13 @@ import torch
 from zenflow import checkpoint
 from zenflow.adam import AdamWHyper, adamw_
 from zenflow.auto_interval import MassReport, boundary_due
-from zenflow.config import ZenFlowConfig, check_hyperparameters, check_params, load_deepspeed_config
+from zenflow.config import ConfigError, ZenFlowConfig, check_hyperparameters, check_params, load_deepspeed_config
+from zenflow.distributed import DataParallel
 from zenflow.hooks import Observer, Observers, RemovableHandle
 from zenflow.host import GradCopy, HostColumns, HostWorker, HostWorkerError, accumulate_, host_adamw_, reserved_cores
 from zenflow.link import Link
 from zenflow.ownership import move_columns
-from zenflow.selection import num_selected, select_columns
+from zenflow.selection import complement, num_selected, select_columns
 
 # "auto" update interval: the boundary decision at a step reads the accumulated mass of the step this many steps
 # earlier, the newest one a background worker is sure to have added under the backpressure bound (at most one
@@ -45,7 +46,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0,
                  zenflow: ZenFlowConfig | dict[str, Any] | None = None, *, gradient_clipping: float = 0.0,
-                 skip_nonfinite: bool = False) -> None:
+                 skip_nonfinite: bool = False, process_group: Any = None) -> None:
         self.config = ZenFlowConfig.coerce(zenflow)
         check_hyperparameters(lr, betas, eps, weight_decay, gradient_clipping)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
@@ -55,6 +56,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self.select_interval = self.config.resolved_select_interval()
         self.observers = Observers()
         self.link = Link(self.device, self.observers)
+        # data parallelism (zenflow/distributed.py): the default group when initialized, else none
+        self.dp = DataParallel.resolve(process_group, self.observers)
+        if self.dp and self.config.auto_update:
+            raise ConfigError("update_interval = 'auto' is not allowed with data parallelism yet: expected an integer "
+                              "update_interval (or process_group=False)")
+        if self.dp:
+            self.dp.broadcast_from_first_(self._params())  # every rank starts from rank 0's weights
         self.t = 0  # applied steps (skipped overflow steps do not count)
         self.skipped_steps = 0
         self.host_updates = 0  # boundaries so far
@@ -90,9 +98,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         st = self.state[p]
         if p.dim() >= 2:
             w = _as_columns(p)
-            st["host"] = HostColumns.all_columns(w, self._n_accumulators, self.link.host_empty, self._n_staging)
+            mine = torch.arange(w.shape[1])  # this host's columns: every one, or this rank's block of them
+            mine = self.dp.owned(mine, w.shape[1]) if self.dp else mine
+            st["host"] = HostColumns.of_columns(w, mine, self._n_accumulators, self.link.host_empty, self._n_staging)
             st["sel"] = torch.empty(0, dtype=torch.long, device=p.device)  # device-owned columns (none yet)
-            st["unsel"] = torch.arange(w.shape[1], device=p.device)  # host-owned columns (device copy of cols)
+            st["unsel"] = mine.to(p.device)  # this host's columns (device copy of its cols)
+            st["width"] = w.shape[1]
             empty = torch.zeros(w.shape[0], 0, dtype=torch.float32, device=p.device)
             st.update(d_master=empty, d_exp_avg=empty.clone(), d_exp_avg_sq=empty.clone(), d_step=0)
         else:
@@ -127,6 +138,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_worker_jobs()
+        if self.dp:
+            self.dp.average_gradients_(self._params(), self.state)  # collectives: every rank, every step
         if not self._gradients_usable():
             self.skipped_steps += 1  # overflow: skipped on both parts, nothing accumulated
             return loss
@@ -161,7 +174,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         grads = [p.grad for p in self._params() if p.grad is not None]
         if not grads:
             return True
-        total = torch.nn.utils.get_total_norm(grads)
+        total = self.dp.total_norm(self._params(), self.state) if self.dp else torch.nn.utils.get_total_norm(grads)
         with self.observers.blocking("clip_sync"):
             total_value = total.item()  # device->host sync point (the step's only one)
         finite = math.isfinite(total_value)
@@ -307,6 +320,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             done = self.link.scatter_to_device(part.param_staging, st["unsel"], _as_columns(p), "params")
             if done is not None:
                 self._upload_events.append(done)
+            if self.dp:  # every rank gets the columns the other ranks' hosts updated
+                self.dp.share_owned_columns_(_as_columns(p), complement(st["sel"], _as_columns(p).shape[1]))
 
     @torch.no_grad()
     def drain(self) -> None:
@@ -364,8 +379,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if "host" in st and p.grad is not None:
                 grad = _as_columns(p.grad)
                 k = num_selected(grad.shape[1], self.config.topk_ratio)
-                move_columns(st, select_columns(grad, k, self.config.column_norm), self.link,
-                             _hyper(self._group_of(p)), p.dtype, self._n_accumulators, self._n_staging)
+                scores = self.dp.column_scores(grad, st, self.config.column_norm) if self.dp else None
+                new_sel = select_columns(grad, k, self.config.column_norm, scores)
+                if self.dp:  # newly selected columns: their averaged gradient is on their owner only
+                    self.dp.share_entering_gradients_(grad, new_sel[~torch.isin(new_sel, st["sel"])])
+                move_columns(st, new_sel, self.link, _hyper(self._group_of(p)), p.dtype, self._n_accumulators,
+                             self._n_staging, self.dp)
 
     def _group_of(self, p: torch.Tensor) -> dict:
         return next(g for g in self.param_groups if any(q is p for q in g["params"]))
@@ -455,8 +474,9 @@ def _clip_coefficient(max_norm: float, total: torch.Tensor) -> torch.Tensor:
 
 
 def _offloads(p: torch.Tensor, st: dict) -> bool:
-    """Whether this step sends columns of `p`'s gradient to the host."""
-    return p.grad is not None and "host" in st and st["host"].n_host > 0
+    """Whether this step sends columns of `p`'s gradient to the host (any rank's: with data parallelism a rank
+    whose block holds none of them still counts the step, so every rank's host step count stays the same)."""
+    return p.grad is not None and "host" in st and st["sel"].numel() < _as_columns(p).shape[1]
 
 
 def _as_columns(t: torch.Tensor) -> torch.Tensor:

@@ -9,27 +9,35 @@ from __future__ import annotations
 import torch
 
 from zenflow.adam import AdamWHyper, rebase_moment_
+from zenflow.distributed import DataParallel
 from zenflow.host import HostColumns
 from zenflow.link import Link
 from zenflow.selection import complement
 
 
 def move_columns(st: dict, new_sel: torch.Tensor, link: Link, hp: AdamWHyper, model_dtype: torch.dtype,
-                 n_accumulators: int, n_staging: int = 1) -> None:
-    """Hand the columns that change owner (fp32 values and moments) to their new side; keep the rest."""
+                 n_accumulators: int, n_staging: int = 1, dp: DataParallel | None = None) -> None:
+    """Hand the columns that change owner (fp32 values and moments) to their new side; keep the rest.
+
+    With data parallelism (`dp`) every rank holds the device side and its own block of the host side: a column
+    leaving the device goes to the host of the rank that owns it; a column arriving on the device comes from its
+    owner's host to every rank (assembled: one rank fills each column)."""
     part: HostColumns = st["host"]
     device = st["sel"].device
-    width = part.n_host + st["sel"].numel()
+    width = st["width"]
     old_sel, new_sel = st["sel"].cpu(), new_sel.cpu()  # device->host sync point (indices)
     link.observers.transfer("d2h", "indices", new_sel.numel() * 8)
     if torch.equal(old_sel, new_sel):
         return  # nobody changes owner (always so with topk_ratio 0): nothing moves
     if old_sel.numel() == 0:
         st["d_step"] = part.step  # first selection: the device continues the host's count
-    new_unsel = complement(new_sel, width)
+    new_host_cols = complement(new_sel, width)
+    if dp:
+        new_host_cols = dp.owned(new_host_cols, width)  # this rank's block
     on_device = _positions(old_sel, width)  # column -> position in the device buffers, or -1
-    on_host = _positions(part.cols, width)  # column -> position in the host buffers, or -1
+    on_host = _positions(part.cols, width)  # column -> position in this host's buffers, or -1
     leaving = old_sel[~torch.isin(old_sel, new_sel)]  # device -> host
+    leaving = dp.owned(leaving, width) if dp else leaving  # ... of this rank
     entering = new_sel[on_device[new_sel] < 0]  # host -> device
     host_state = dict(master=part.master, exp_avg=part.exp_avg, exp_avg_sq=part.exp_avg_sq)
     new_host, new_device = {}, {}
@@ -37,20 +45,24 @@ def move_columns(st: dict, new_sel: torch.Tensor, link: Link, hp: AdamWHyper, mo
         kind = "master" if name == "master" else "moments"
         on_device_buffer = st[f"d_{name}"]
         moved_down = _fetch(link, on_device_buffer.index_select(1, on_device[leaving].to(device)), kind)
-        moved_up = host.index_select(1, on_host[entering])
+        if dp:  # every rank needs the arriving columns; each is on one rank's host
+            moved_up = dp.from_owners(host, entering, width, on_host)
+            dp.assemble_(moved_up, "moved_state")
+        else:
+            moved_up = host.index_select(1, on_host[entering])
         if name != "master":  # keep bias-corrected moments exact across the move
             beta = hp.beta1 if name == "exp_avg" else hp.beta2
             rebase_moment_(moved_down, beta, st["d_step"], part.step)
             rebase_moment_(moved_up, beta, part.step, st["d_step"])
-        new_host[name] = _merge(new_unsel, part.cols, host, leaving, moved_down, on_host)
+        new_host[name] = _merge(new_host_cols, part.cols, host, leaving, moved_down, on_host)
         new_device[name] = _merge(new_sel.to(device), old_sel.to(device), on_device_buffer, entering.to(device),
                                   _send(link, moved_up, device, kind), on_device.to(device))
-    st["host"] = HostColumns.create(**new_host, cols=new_unsel, model_dtype=model_dtype,
+    st["host"] = HostColumns.create(**new_host, cols=new_host_cols, model_dtype=model_dtype,
                                     n_accumulators=n_accumulators, host_empty=link.host_empty, step=part.step,
                                     n_staging=n_staging)
     st.update({f"d_{name}": t for name, t in new_device.items()})
-    st["sel"], st["unsel"] = new_sel.to(device), new_unsel.to(device)
-    link.observers.transfer("h2d", "indices", new_unsel.numel() * 8)
+    st["sel"], st["unsel"] = new_sel.to(device), new_host_cols.to(device)
+    link.observers.transfer("h2d", "indices", new_host_cols.numel() * 8)
 
 
 def _fetch(link: Link, src: torch.Tensor, kind: str) -> torch.Tensor:

@@ -26,13 +26,14 @@ def column_scores(grad: torch.Tensor, norm: str = "l2") -> torch.Tensor:
     raise ValueError(f"column_norm = {norm!r} is not allowed: expected 'l2' or 'l1'")
 
 
-def select_columns(grad: torch.Tensor, k: int, norm: str = "l2") -> torch.Tensor:
-    """Indices of the k columns with the largest norm, sorted ascending (stable gather/scatter order)."""
+def select_columns(grad: torch.Tensor, k: int, norm: str = "l2", scores: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices of the k columns with the largest norm (or the given `scores`: data parallelism sums them across
+    ranks), sorted ascending (stable gather/scatter order)."""
     if k >= grad.shape[1]:
         return torch.arange(grad.shape[1], device=grad.device)
     if k == 0:
         return torch.empty(0, dtype=torch.long, device=grad.device)
-    top = torch.topk(column_scores(grad, norm), k, sorted=False).indices
+    top = torch.topk(column_scores(grad, norm) if scores is None else scores, k, sorted=False).indices
     return torch.sort(top).values
 
 

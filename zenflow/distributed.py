@@ -1,0 +1,204 @@
+"""ZenFlow's data parallelism over torch.distributed: what each rank sends, and to whom.
+
+Every rank holds the whole model and its own 1/W of the global batch; the model is not wrapped in DDP. Per step:
+
+- dense params and selected columns: their gradients are averaged across ranks (all-reduce), and every rank applies
+  the same device update;
+- unselected columns: column `j` of a weight with `n` columns belongs to the host of rank `j * W // n` (contiguous
+  blocks of columns, fixed for the whole run, so a column that stays on the host never changes rank); its gradient
+  is reduced to that rank only, which accumulates it and runs host AdamW on it; at the boundary each rank sends
+  its updated columns to the others (a broadcast per rank: an all-gather of unequal blocks);
+- selection: ranks agree on the top-k columns by summing one number per column (each column's norm, contributed
+  by the rank that holds its averaged gradient), never gradients;
+- clipping: the global norm is summed across ranks from the parts each rank holds averaged.
+
+Host memory per rank is then about 1/W of one process's (its block of the unselected columns). A rank that dies
+makes the others' next collective fail: with gloo as soon as the connection drops, otherwise after the process
+group's `timeout` (set it at `init_process_group`; docs/distributed.md). The error names this rank and the step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from zenflow.hooks import Observers
+from zenflow.selection import column_scores, complement
+
+NET = "net"  # the direction of transfers between ranks, in the optimizer's byte counters
+
+
+def owner_of(cols: torch.Tensor, width: int, world: int) -> torch.Tensor:
+    """The rank whose host owns each of `cols` (columns of a weight with `width` columns): contiguous blocks."""
+    return cols * world // width
+
+
+def as_columns(t: torch.Tensor) -> torch.Tensor:
+    """A parameter (or its gradient) as `[out, in]`: columns are dim 1."""
+    return t.view(t.shape[0], -1)
+
+
+class DistributedError(RuntimeError):
+    """A collective with the other ranks failed: a rank died, or did not answer within the group's timeout."""
+
+
+class DataParallel:
+    """This rank's side of the exchange: who owns which host columns, and the collectives of a step."""
+
+    def __init__(self, group: dist.ProcessGroup | None, observers: Observers) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.observers = observers
+
+    @classmethod
+    def resolve(cls, process_group: object, observers: Observers) -> DataParallel | None:
+        """`process_group=None`: the default group when one is initialized with more than one rank; a group: that
+        group; `False`: no data parallelism (each process trains alone)."""
+        if process_group is False or not dist.is_available() or not dist.is_initialized():
+            if process_group not in (None, False):
+                raise ValueError("process_group was given but torch.distributed is not initialized: call "
+                                 "torch.distributed.init_process_group first (torchrun sets up its environment)")
+            return None
+        group = None if process_group is None else process_group
+        if dist.get_world_size(group) == 1:
+            return None
+        return cls(group, observers)
+
+    # ---- ownership --------------------------------------------------------------------------------------
+    def owners(self, cols: torch.Tensor, width: int) -> torch.Tensor:
+        return owner_of(cols, width, self.world)
+
+    def owned(self, cols: torch.Tensor, width: int) -> torch.Tensor:
+        return cols[self.owners(cols, width) == self.rank]
+
+    def by_owner(self, cols: torch.Tensor, width: int) -> list[torch.Tensor]:
+        owner = self.owners(cols, width)
+        return [cols[owner == r] for r in range(self.world)]
+
+    # ---- collectives (each on the training thread, in the same order on every rank) --------------------
+    def average_(self, tensors: list[torch.Tensor], kind: str) -> None:
+        """Every rank ends with the mean of everyone's tensors (dense gradients, selected columns)."""
+        for t in tensors:
+            self._count(kind, t)
+            self._run(dist.all_reduce, t, group=self.group)
+            t.div_(self.world)
+
+    def reduce_columns_to_owners_(self, grad: torch.Tensor, unselected: torch.Tensor) -> None:
+        """`grad[:, j]` becomes the mean over ranks on the rank that owns column j; elsewhere it is left as it was
+        (and not read again). One reduce per owner: a reduce-scatter of unequal blocks."""
+        for owner, cols in enumerate(self.by_owner(unselected, grad.shape[1])):
+            if cols.numel() == 0:
+                continue
+            block = grad.index_select(1, cols)
+            self._count("grad_reduce", block)
+            self._run(dist.reduce, block, dst=self._global(owner), group=self.group)
+            if owner == self.rank:
+                grad.index_copy_(1, cols, block.div_(self.world))
+
+    def share_owned_columns_(self, weight: torch.Tensor, columns: torch.Tensor) -> None:
+        """After the host updates: each owner sends its columns of `weight` (among `columns`) to every rank."""
+        for owner, cols in enumerate(self.by_owner(columns, weight.shape[1])):
+            if cols.numel() == 0:
+                continue
+            block = weight.index_select(1, cols)
+            self._count("param_gather", block)
+            self._run(dist.broadcast, block, src=self._global(owner), group=self.group)
+            if owner != self.rank:
+                weight.index_copy_(1, cols, block)
+
+    def assemble_(self, block: torch.Tensor, kind: str) -> None:
+        """Sum of what each rank filled in (zeros elsewhere): each entry comes from exactly one rank, so the sum
+        is that rank's value, exactly. Used for column norms and for state moving from a host to the device."""
+        self._count(kind, block)
+        self._run(dist.all_reduce, block, group=self.group)
+
+    def sum_(self, t: torch.Tensor, kind: str) -> None:
+        self._count(kind, t)
+        self._run(dist.all_reduce, t, group=self.group)
+
+    # ---- the pieces of a ZenFlow step ----------------------------------------------------------------------
+    def broadcast_from_first_(self, tensors: list[torch.Tensor]) -> None:
+        """Every rank starts from rank 0's parameters (as DDP does at construction)."""
+        with torch.no_grad():
+            for t in tensors:
+                self._run(dist.broadcast, t.detach(), src=self._global(0), group=self.group)
+
+    def average_gradients_(self, params: list[torch.Tensor], state: dict) -> None:
+        """Dense gradients and selected columns averaged on every rank; each unselected column averaged on the rank
+        that owns it. In place in `p.grad` (as DDP does); a column's gradient is read only where it is averaged."""
+        for p in params:
+            if p.grad is None:
+                continue
+            st = state[p]
+            if "host" not in st:
+                self.average_([p.grad], "grad_average")
+                continue
+            grad = as_columns(p.grad)
+            if st["sel"].numel():
+                block = grad.index_select(1, st["sel"])
+                self.average_([block], "grad_average")
+                grad.index_copy_(1, st["sel"], block)
+            self.reduce_columns_to_owners_(grad, complement(st["sel"], grad.shape[1]))
+
+    def total_norm(self, params: list[torch.Tensor], state: dict) -> torch.Tensor:
+        """L2 norm of the averaged gradient: every part counted once, where it is averaged (dense and selected
+        columns on rank 0, unselected columns on their owner), summed across ranks."""
+        parts = []
+        for p in params:
+            if p.grad is None:
+                continue
+            st = state[p]
+            if "host" not in st:
+                parts += [p.grad] if self.rank == 0 else []
+                continue
+            grad = as_columns(p.grad)
+            parts.append(grad.index_select(1, st["unsel"]))
+            if self.rank == 0 and st["sel"].numel():
+                parts.append(grad.index_select(1, st["sel"]))
+        square = torch.zeros(1, dtype=torch.float64, device=params[0].device)
+        for t in parts:
+            square += torch.linalg.vector_norm(t, dtype=torch.float64).square()
+        self.sum_(square, "grad_norm")
+        return square.sqrt().float()[0]
+
+    def column_scores(self, grad: torch.Tensor, st: dict, norm: str) -> torch.Tensor:
+        """Every column's norm of the averaged gradient, on every rank: one number per column crosses."""
+        scores = torch.zeros(grad.shape[1], dtype=torch.float32, device=grad.device)
+        scores[st["unsel"]] = column_scores(grad.index_select(1, st["unsel"]), norm)
+        if self.rank == 0 and st["sel"].numel():
+            scores[st["sel"]] = column_scores(grad.index_select(1, st["sel"]), norm)
+        self.assemble_(scores, "column_norms")
+        return scores
+
+    def share_entering_gradients_(self, grad: torch.Tensor, entering: torch.Tensor) -> None:
+        """Columns that become selected: their averaged gradient, held by their owner, goes to every rank."""
+        block = self.from_owners(grad, entering, grad.shape[1])
+        self.assemble_(block, "grad_average")
+        grad.index_copy_(1, entering, block)
+
+    def from_owners(self, source: torch.Tensor, cols: torch.Tensor, width: int,
+                    position: torch.Tensor | None = None) -> torch.Tensor:
+        """A `[rows, len(cols)]` block with the columns this rank owns filled from `source` (column `col` of the
+        weight is `source[:, position[col]]`, or `source[:, col]`) and zeros elsewhere, ready for assemble_."""
+        block = torch.zeros(source.shape[0], cols.numel(), dtype=source.dtype, device=source.device)
+        mine = (self.owners(cols, width) == self.rank).to(source.device)
+        cols = cols.to(source.device)
+        index = cols[mine] if position is None else position.to(source.device)[cols[mine]]
+        block[:, mine] = source.index_select(1, index)
+        return block
+
+    # ---- helpers ------------------------------------------------------------------------------------------
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    def _count(self, kind: str, t: torch.Tensor) -> None:
+        self.observers.transfer(NET, kind, t.numel() * t.element_size())
+
+    def _run(self, collective: object, *args: object, **kwargs: object) -> None:
+        try:
+            collective(*args, **kwargs)
+        except Exception as exc:  # gloo: connection closed; nccl/gloo: timeout (the group's `timeout`)
+            raise DistributedError(
+                f"zenflow: rank {self.rank} of {self.world}: {collective.__name__} with the other ranks failed (a "
+                f"rank died or did not answer within the process group's timeout): {exc}") from exc
