@@ -49,9 +49,10 @@ bench-compare: install
 	@test -n "$(BASELINE)" -a -n "$(CANDIDATE)" || { echo "usage: make bench-compare BASELINE=... CANDIDATE=..."; exit 2; }
 	$(PY) -m zenflow.bench_compare "$(BASELINE)" "$(CANDIDATE)" $(if $(MARKDOWN),--markdown "$(MARKDOWN)") $(ARGS)
 
-# Llama-2-7B scenario on a GPU host (MODEL=hub id or path); the cpu-scale scenario here. ARGS for more flags.
+# Llama-2-7B scenario on a GPU host (MODEL=hub id or path); the cpu-scale scenario here. NPROC=N: N ranks per run,
+# every engine (results/llama7b/<hardware-id>/nproc-N/; docs/distributed.md). ARGS for more flags.
 reproduce-llama7b: install
-	$(PY) reproduce/llama7b.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
+	$(PY) reproduce/llama7b.py $(if $(MODEL),--model $(MODEL)) $(if $(NPROC),--nproc $(NPROC)) $(ARGS)
 
 # First command on a GPU host (≤ 10 min on one H100; with the host's own torch: make gpu-check VENV=): environment,
 # CUDA-vs-CPU differential, overlap memory vs its bound, NVML PCIe bytes vs ours, every engine on a small Llama ->

@@ -50,14 +50,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--micro-batch", type=cc.int_at_least(1), default=1)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="where the engines train: auto = CUDA when torch can use it, else the CPU")
-    ap.add_argument("--num-gpus", type=cc.int_at_least(1), default=1,
-                    help="GPUs (ranks) per run: > 1 needs --engines ds-zero-offload ds-zenflow (DeepSpeed launcher, "
-                    "one table per world size); our reference engines are single-GPU")
+    ap.add_argument("--nproc", "--num-gpus", dest="nproc", type=cc.int_at_least(1),
+                    default=int(os.environ.get("NPROC") or 1),
+                    help="ranks per run, every engine (default $NPROC, else 1): one per GPU on a GPU host, a share of "
+                    "the cores each here (torchrun + gloo; DeepSpeed on GPUs: its launcher); one table per world size")
     ap.add_argument("--data", type=cc.data_source, default="auto", help="Alpaca JSON path, 'synthetic', or 'auto'")
     ap.add_argument("--repeats", type=cc.int_at_least(1), default=2, help="rounds; engines interleaved within each")
     ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=8)
     ap.add_argument("--timed-steps", type=cc.int_at_least(1), default=16, help="rounded up to whole update cycles")
-    ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/llama7b/<hardware-id>")
+    ap.add_argument("--out", type=cc.out_folder, default=None,
+                    help="default: results/llama7b/<hardware-id> (with --nproc N > 1: its nproc-N subfolder)")
     ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out (<out>/.partial/): "
                     "keep the ok records of the same runs, rerun the rest")
     ap.add_argument("--no-overhead-check", action="store_true", help="skip the run without telemetry")
@@ -68,14 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.model = args.model or ("cpu-scale" if small else "meta-llama/Llama-2-7b-hf")
     args.seq_len = args.seq_len or (16 if small else 512)
     cc.distinct(ap, "--engines", args.engines)
-    ours = [e for e in args.engines if not e.startswith("ds-")]
-    if args.num_gpus > 1 and ours:
-        ap.error(f"argument --num-gpus: {args.num_gpus} with {', '.join(ours)}: our reference engines run on one GPU "
-                 "and a table never mixes world sizes; for a multi-GPU DeepSpeed run pass "
-                 "--engines ds-zero-offload ds-zenflow")
-    if args.num_gpus > max(1, torch.cuda.device_count()):
-        ap.error(f"argument --num-gpus: {args.num_gpus} is not allowed: expected at most the "
-                 f"{torch.cuda.device_count()} CUDA GPU(s) torch can use here")
+    on_gpus = gpu and args.device != "cpu"
+    most = torch.cuda.device_count() if on_gpus else len(os.sched_getaffinity(0))
+    if args.nproc > most:
+        ap.error(f"argument --nproc: {args.nproc} is not allowed: expected at most the {most} "
+                 + ("CUDA GPU(s) torch can use here" if on_gpus else "cores this process may use (one rank each)"))
     if args.device == "cuda" and not gpu:
         ap.error("argument --device: 'cuda' is not allowed: torch cannot use CUDA here (expected 'auto' or 'cpu')")
     return args
@@ -87,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: one line and 2 on bad input, 0 after --help; returned to the caller
         return exc.code
     env = capture_environment()
-    out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"]
+    out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"] / (f"nproc-{args.nproc}" if args.nproc > 1
+                                                                           else "")
     report = partial(scenario_report, env=env)
     if args.report_only:
         problem = report_existing(out, report)
@@ -117,7 +117,7 @@ def plan(args: argparse.Namespace) -> list[PlannedRun]:
         cfg = deepspeed_config(engine, DEEPSPEED_EXAMPLES_BLOCK, args.dtype, args.micro_batch, lr=2e-5,
                                weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available() and args.device != "cpu")
         spec = RunSpec(engine=engine, label="llama7b", workload=workload, ds_config=cfg, telemetry=telemetry,
-                       num_gpus=args.num_gpus, extra={"repeat": rep}, warmup_steps=steps[0], timed_steps=steps[1])
+                       num_gpus=args.nproc, extra={"repeat": rep}, warmup_steps=steps[0], timed_steps=steps[1])
         protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": -(-spec.timed_steps // spec.cycle) * spec.cycle,
                     "telemetry": telemetry, "repeat": rep}  # timed steps: whole update cycles, as the run rounds
         planned.append(PlannedRun(f"{engine}{'' if telemetry else '-no-telemetry'}-r{rep}.json", spec, protocol))

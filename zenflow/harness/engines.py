@@ -84,13 +84,17 @@ class TorchEngine(Engine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        ranks = _join_ranks(self.device)  # under torchrun: this rank's device; the process group is up
+        self.device = ranks or self.device
         self.model.to(self.device)  # the spec's device, not whatever is available (audit items 7, 26)
         params = self.ds_config["optimizer"]["params"]
         self.clipping = self.ds_config["gradient_clipping"]
         if self.name == "no-offload":
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=params["lr"], betas=params["betas"],
                                                eps=params["eps"], weight_decay=params["weight_decay"], fused=True)
-        else:
+            if ranks:  # the no-offload baseline is plain data parallelism
+                self.model = torch.nn.parallel.DistributedDataParallel(self.model)
+        else:  # ZenFlowAdamW does its own data parallelism over the default group (docs/distributed.md)
             self.optimizer = ZenFlowAdamW.from_deepspeed_config(self.model.parameters(), self.ds_config)
             if self.telemetry:
                 self.optimizer.add_observer(self.timeline)
@@ -238,6 +242,19 @@ def _pin_deepspeed_to_cpu() -> None:
         raise RuntimeError(f"device = 'cpu' but DeepSpeed already chose the {chosen.device_name()!r} accelerator "
                            "in this process; run the cpu workload in a fresh process (the harness does)")
     os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+def _join_ranks(device: torch.device) -> torch.device | None:
+    """Under torchrun (WORLD_SIZE > 1): start the default process group (nccl on GPUs, gloo on the CPU) and return
+    this rank's device; None for a single process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return None
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
 
 
 def _single_process_env() -> None:

@@ -168,6 +168,9 @@ def figure(rows: list[dict[str, Any]], path: Path, title: str, subtitle: str) ->
     plt.close(fig)
 
 
+RANKS = "ranks per run, each on its shard of every batch: torchrun for ours, the DeepSpeed launcher for ds-*"
+
+
 def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> str:
     """The Llama scenario's table.md/.csv and figure.png in `out`, from its records (reproduce/llama7b.py)."""
     timed = [r for r in records if r.protocol.get("telemetry", True)]
@@ -182,7 +185,7 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
     text = [f"# Llama-2-7B scenario — {label}", "",
             f"Model: {w.get('model')} ({params:.1f}M params, {w.get('dtype')}), sequence {w.get('seq_len')}, "
             f"micro-batch {w.get('micro_batch')}, data: {w.get('data_source')}. World size {gpus} "
-            f"({'one process per GPU, DeepSpeed launcher' if gpus > 1 else 'every engine on one device'}).",
+            f"({RANKS if gpus > 1 else 'every engine on one device'}).",
             f"ZenFlow block: {block}. Step times are means over whole update cycles; medians of the runs.",
             "", table(rows), ""]
     text += regime_notes(rows, records)

@@ -76,14 +76,17 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
 
 
 def _launcher(spec: RunSpec) -> list[str]:
-    """One plain child process; the DeepSpeed launcher for multi-GPU DeepSpeed runs (rank 0 writes the record).
-    Our reference engines are single-device: they always run as one process (RunSpec refuses num_gpus > 1).
+    """One plain child process; for W > 1 ranks, torchrun (our engines: nccl on GPUs, gloo on the CPU with each rank
+    on its share of the cores) or the DeepSpeed launcher (DeepSpeed engines). Rank 0 writes the record.
 
     The launcher deletes CUDA_VISIBLE_DEVICES when `--num_gpus` is given (its ranks would land on GPUs 0..N-1, not
     on the ones this job was given), so with CUDA_VISIBLE_DEVICES set the ranks are named with `--include`. A free
     `--master_port` lets two runs share a host (the launcher's default is a fixed 29500)."""
     if spec.num_gpus == 1:
         return [sys.executable, "-m", "zenflow.harness.runner"]
+    if not spec.engine.startswith("ds-"):
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.num_gpus}",
+                "-m", "zenflow.harness.runner"]
     # The `deepspeed` command's own module, run by this interpreter: no reliance on a script next to it (VENV=).
     return [sys.executable, "-m", "deepspeed.launcher.runner",
             *_gpu_selection(spec.num_gpus, os.environ.get("CUDA_VISIBLE_DEVICES")),
@@ -99,6 +102,8 @@ def child_env(spec: RunSpec) -> dict[str, str]:
             env.pop(key, None)
     if spec.workload.get("device") == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
+        if spec.num_gpus > 1:
+            env["LOCAL_SIZE"] = str(spec.num_gpus)  # DeepSpeed's CPU accelerator: its "device" count (ranks)
     return env
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from zenflow.harness.processes import bind_rank_cores
 from zenflow.harness.records import RunRecord, summarize_steps
 
 
@@ -35,15 +36,12 @@ class RunSpec:
     threads: int | None = None  # torch intra-op threads; None = every core this process may use
     telemetry: bool = True
     progress: bool = True
-    num_gpus: int = 1  # > 1: DeepSpeed engines only, under the DeepSpeed launcher, one process (rank) per GPU
+    num_gpus: int = 1  # ranks (processes) per run, one per GPU, or a share of the cores each on the CPU
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_gpus, int) or self.num_gpus < 1:
             raise ValueError(f"num_gpus = {self.num_gpus!r} is not allowed: expected an int >= 1")
-        if self.num_gpus > 1 and not self.engine.startswith("ds-"):
-            raise ValueError(f"num_gpus = {self.num_gpus} for engine {self.engine!r}: our reference engines are "
-                             "single-process (one device); only the ds-* engines run multi-GPU")
 
     @property
     def cycle(self) -> int:
@@ -96,6 +94,8 @@ class Session:
         from zenflow.telemetry.timeline import StepTimeline
 
         self.started = time.perf_counter()
+        if spec.num_gpus > 1 and not torch.cuda.is_available():
+            bind_rank_cores()  # CPU ranks: each its own share of the cores, as DeepSpeed's --bind_cores_to_rank
         torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
         self.spec = spec
         self.workload = build_workload(spec)
