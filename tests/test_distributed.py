@@ -167,10 +167,14 @@ def test_a_dead_rank_ends_the_others_with_a_clear_error(tmp_path: Path) -> None:
     assert time.monotonic() - start < 60
 
 
-def test_auto_update_interval_is_refused_with_data_parallelism(tmp_path: Path) -> None:
-    done = torchrun({"zenflow": {"topk_ratio": 0.25, "update_interval": "auto"}}, tmp_path)
-    assert done.returncode != 0
-    assert "update_interval = 'auto' is not allowed with data parallelism" in done.stderr
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_auto_update_interval_fires_as_in_one_process(overlap: bool, tmp_path: Path) -> None:
+    """Each rank accumulates its block; the whole's mass is summed across ranks when the rule reads it."""
+    config = {"lr": 0.01, "zenflow": {"topk_ratio": 0.25, "update_interval": "auto", "select_interval": 8,
+                                      "overlap_step": overlap}}
+    ok(torchrun(config, tmp_path, "--steps", "24"))
+    assert_close(ranks(tmp_path)[0], one_process(config, steps=24))
+    assert ranks(tmp_path, "bytes")[0][("net", "auto_masses")] > 0
 
 
 def test_a_process_group_without_torch_distributed_initialized_is_refused() -> None:

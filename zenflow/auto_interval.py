@@ -27,6 +27,7 @@ class MassReport:
     selected: torch.Tensor | None = None                # [len(keys)] fp64 on the host (CUDA: pinned, async copy)
     selected_ready: torch.cuda.Event | None = None      # CUDA: that copy's event
     accumulated: Future | list[float] | None = None     # the accumulation's masses, or the future of them
+    combine: Callable[[list[float]], list[float]] | None = None  # data parallelism: this rank's block -> all ranks'
 
     def selected_by_key(self) -> dict[int, float]:
         if self.selected_ready is not None:
@@ -36,6 +37,9 @@ class MassReport:
 
     def accumulated_by_key(self, wait: Callable[[Future], object]) -> dict[int, float]:
         masses = wait(self.accumulated) if isinstance(self.accumulated, Future) else self.accumulated
+        if self.combine is not None:  # once: a collective, met at the same step on every rank
+            masses, self.combine = self.combine(masses), None
+            self.accumulated = masses
         return {key: masses[j] for key, j in zip(self.keys, self.positions)}
 
     def to_state(self, wait: Callable[[Future], object]) -> dict[str, dict[int, float]]:

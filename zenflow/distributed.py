@@ -50,6 +50,9 @@ class DataParallel:
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.observers = observers
+        # where tensors must be for this group's collectives (nccl: the current GPU; gloo: the CPU)
+        nccl = dist.get_backend(group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
     @classmethod
     def resolve(cls, process_group: object, observers: Observers) -> DataParallel | None:
@@ -187,6 +190,14 @@ class DataParallel:
         index = cols[mine] if position is None else position.to(source.device)[cols[mine]]
         block[:, mine] = source.index_select(1, index)
         return block
+
+    def whole_rms(self, numels: list[int], rms: list[float]) -> list[float]:
+        """Per weight, the RMS of the whole accumulated sum from each rank's RMS of its block ("auto" interval)."""
+        t = torch.tensor([r * r * n for r, n in zip(rms, numels)] + list(numels), dtype=torch.float64)
+        t = t.to(self.device)
+        self.sum_(t, "auto_masses")
+        squares, counts = t[:len(rms)].cpu(), t[len(rms):].cpu()
+        return (squares / counts.clamp(min=1)).sqrt().tolist()
 
     # ---- helpers ------------------------------------------------------------------------------------------
     def _global(self, rank: int) -> int:

@@ -28,7 +28,7 @@ import torch
 from zenflow import checkpoint
 from zenflow.adam import AdamWHyper, adamw_
 from zenflow.auto_interval import MassReport, boundary_due
-from zenflow.config import ConfigError, ZenFlowConfig, check_hyperparameters, check_params, load_deepspeed_config
+from zenflow.config import ZenFlowConfig, check_hyperparameters, check_params, load_deepspeed_config
 from zenflow.distributed import DataParallel
 from zenflow.hooks import Observer, Observers, RemovableHandle
 from zenflow.host import GradCopy, HostColumns, HostWorker, HostWorkerError, accumulate_, host_adamw_, reserved_cores
@@ -58,9 +58,6 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self.link = Link(self.device, self.observers)
         # data parallelism (zenflow/distributed.py): the default group when initialized, else none
         self.dp = DataParallel.resolve(process_group, self.observers)
-        if self.dp and self.config.auto_update:
-            raise ConfigError("update_interval = 'auto' is not allowed with data parallelism yet: expected an integer "
-                              "update_interval (or process_group=False)")
         if self.dp:
             self.dp.broadcast_from_first_(self._params())  # every rank starts from rank 0's weights
         self.t = 0  # applied steps (skipped overflow steps do not count)
@@ -274,6 +271,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             result = job()
         if report is not None:
             report.accumulated = result  # the worker's list of masses, or the future of it
+            if self.dp:  # each rank accumulates its block: the mass of the whole is summed when it is read
+                report.combine = functools.partial(self.dp.whole_rms, [c.staging.numel() for c in copies])
             self._auto_history.append(report)
 
     def _backpressure(self) -> None:
