@@ -19,6 +19,8 @@ group's `timeout` (set it at `init_process_group`; docs/distributed.md). The err
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -80,35 +82,30 @@ class DataParallel:
         return [cols[owner == r] for r in range(self.world)]
 
     # ---- collectives (each on the training thread, in the same order on every rank) --------------------
-    def average_(self, tensors: list[torch.Tensor], kind: str) -> None:
-        """Every rank ends with the mean of everyone's tensors (dense gradients, selected columns)."""
-        for t in tensors:
-            self._count(kind, t)
-            self._run(dist.all_reduce, t, group=self.group)
-            t.div_(self.world)
+    def reduce_columns_to_owners_(self, pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """For each (gradient `[out, in]`, its unselected columns): column j becomes the mean over ranks on the rank
+        that owns it; elsewhere it is left as it was (and not read again). One reduce per owner and bucket: a
+        reduce-scatter of unequal blocks."""
+        for owner in range(self.world):
+            mine = [(grad, self.by_owner(cols, grad.shape[1])[owner]) for grad, cols in pieces]
+            for bucket in _buckets([(grad, cols) for grad, cols in mine if cols.numel()]):
+                flat = _flatten(bucket)
+                self._count("grad_reduce", flat)
+                self._run(dist.reduce, flat, dst=self._global(owner), group=self.group)
+                if owner == self.rank:
+                    _unflatten_into(flat.div_(self.world), bucket)
 
-    def reduce_columns_to_owners_(self, grad: torch.Tensor, unselected: torch.Tensor) -> None:
-        """`grad[:, j]` becomes the mean over ranks on the rank that owns column j; elsewhere it is left as it was
-        (and not read again). One reduce per owner: a reduce-scatter of unequal blocks."""
-        for owner, cols in enumerate(self.by_owner(unselected, grad.shape[1])):
-            if cols.numel() == 0:
-                continue
-            block = grad.index_select(1, cols)
-            self._count("grad_reduce", block)
-            self._run(dist.reduce, block, dst=self._global(owner), group=self.group)
-            if owner == self.rank:
-                grad.index_copy_(1, cols, block.div_(self.world))
-
-    def share_owned_columns_(self, weight: torch.Tensor, columns: torch.Tensor) -> None:
-        """After the host updates: each owner sends its columns of `weight` (among `columns`) to every rank."""
-        for owner, cols in enumerate(self.by_owner(columns, weight.shape[1])):
-            if cols.numel() == 0:
-                continue
-            block = weight.index_select(1, cols)
-            self._count("param_gather", block)
-            self._run(dist.broadcast, block, src=self._global(owner), group=self.group)
-            if owner != self.rank:
-                weight.index_copy_(1, cols, block)
+    def share_owned_columns_(self, pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """After the host updates, for each (weight `[out, in]`, its host-owned columns): each owner sends its
+        columns to every rank (one broadcast per owner and bucket: an all-gather of unequal blocks)."""
+        for owner in range(self.world):
+            mine = [(weight, self.by_owner(cols, weight.shape[1])[owner]) for weight, cols in pieces]
+            for bucket in _buckets([(weight, cols) for weight, cols in mine if cols.numel()]):
+                flat = _flatten(bucket)
+                self._count("param_gather", flat)
+                self._run(dist.broadcast, flat, src=self._global(owner), group=self.group)
+                if owner != self.rank:
+                    _unflatten_into(flat, bucket)
 
     def assemble_(self, block: torch.Tensor, kind: str) -> None:
         """Sum of what each rank filled in (zeros elsewhere): each entry comes from exactly one rank, so the sum
@@ -130,19 +127,24 @@ class DataParallel:
     def average_gradients_(self, params: list[torch.Tensor], state: dict) -> None:
         """Dense gradients and selected columns averaged on every rank; each unselected column averaged on the rank
         that owns it. In place in `p.grad` (as DDP does); a column's gradient is read only where it is averaged."""
+        everywhere, to_owners = [], []  # (tensor, columns or None): averaged on every rank / on the owner
         for p in params:
             if p.grad is None:
                 continue
             st = state[p]
             if "host" not in st:
-                self.average_([p.grad], "grad_average")
+                everywhere.append((p.grad, None))
                 continue
             grad = as_columns(p.grad)
             if st["sel"].numel():
-                block = grad.index_select(1, st["sel"])
-                self.average_([block], "grad_average")
-                grad.index_copy_(1, st["sel"], block)
-            self.reduce_columns_to_owners_(grad, complement(st["sel"], grad.shape[1]))
+                everywhere.append((grad, st["sel"]))
+            to_owners.append((grad, complement(st["sel"], grad.shape[1])))
+        for bucket in _buckets(everywhere):
+            flat = _flatten(bucket)
+            self._count("grad_average", flat)
+            self._run(dist.all_reduce, flat, group=self.group)
+            _unflatten_into(flat.div_(self.world), bucket)
+        self.reduce_columns_to_owners_(to_owners)
 
     def total_norm(self, params: list[torch.Tensor], state: dict) -> torch.Tensor:
         """L2 norm of the averaged gradient: every part counted once, where it is averaged (dense and selected
@@ -213,3 +215,39 @@ class DataParallel:
             raise DistributedError(
                 f"zenflow: rank {self.rank} of {self.world}: {collective.__name__} with the other ranks failed (a "
                 f"rank died or did not answer within the process group's timeout): {exc}") from exc
+
+
+BUCKET_ELEMENTS = 1 << 25  # per collective: few calls (gloo's latency is per call), bounded extra memory (64 MB bf16)
+
+
+def _buckets(pieces: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[list]:
+    """Consecutive (tensor, columns or None: the whole tensor) pieces of one dtype, up to BUCKET_ELEMENTS each."""
+    buckets: list[list] = []
+    size = 0
+    for t, cols in pieces:
+        n = t.numel() if cols is None else t.shape[0] * cols.numel()
+        if not buckets or size + n > BUCKET_ELEMENTS or buckets[-1][0][0].dtype != t.dtype:
+            buckets.append([])
+            size = 0
+        buckets[-1].append((t, cols))
+        size += n
+    return buckets
+
+
+def _flatten(bucket: list) -> torch.Tensor:
+    """One contiguous buffer of the bucket's pieces (column blocks gathered), in order."""
+    return torch.cat([(t if cols is None else t.index_select(1, cols)).reshape(-1) for t, cols in bucket])
+
+
+def _unflatten_into(flat: torch.Tensor, bucket: list) -> None:
+    offset = 0
+    for t, cols in bucket:
+        shape = t.shape if cols is None else (t.shape[0], cols.numel())
+        n = math.prod(shape)
+        piece = flat[offset:offset + n].view(shape)
+        if cols is None:
+            t.copy_(piece)
+        else:
+            t.index_copy_(1, cols, piece)
+        offset += n
+

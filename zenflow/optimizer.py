@@ -310,6 +310,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def _upload(self) -> None:
         """Host-owned columns go back to the device in the model dtype."""
         self._upload_events = []  # CUDA: the next host job must not overwrite a staging buffer still being read
+        shared = []  # (weight, its host columns) of every weight updated here
         for p in self._params():
             st = self.state[p]
             part: HostColumns | None = st.get("host")
@@ -319,8 +320,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             done = self.link.scatter_to_device(part.param_staging, st["unsel"], _as_columns(p), "params")
             if done is not None:
                 self._upload_events.append(done)
-            if self.dp:  # every rank gets the columns the other ranks' hosts updated
-                self.dp.share_owned_columns_(_as_columns(p), complement(st["sel"], _as_columns(p).shape[1]))
+            if self.dp:
+                shared.append((_as_columns(p), complement(st["sel"], _as_columns(p).shape[1])))
+        if self.dp:  # every rank gets the columns the other ranks' hosts updated
+            self.dp.share_owned_columns_(shared)
 
     @torch.no_grad()
     def drain(self) -> None:
