@@ -79,7 +79,7 @@ def main() -> None:
     opt.close()
     plain = model.module if args.ddp else model
     torch.save({k: v.detach().clone() for k, v in plain.state_dict().items()}, args.out / f"params-rank{rank}.pt")
-    torch.save(opt.transfer_bytes, args.out / f"bytes-rank{rank}.pt")
+    torch.save({**opt.transfer_bytes, "host_state_bytes": opt.host_state_bytes}, args.out / f"bytes-rank{rank}.pt")
     dist.destroy_process_group()
 
 

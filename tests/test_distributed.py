@@ -58,7 +58,8 @@ def ranks(out: Path, what: str = "params") -> list[dict]:
     return [torch.load(out / f"{what}-rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
-def one_process(config: dict, steps: int = 12, start_state: dict | None = None, start: int = 0) -> dict:
+def one_process(config: dict, steps: int = 12, start_state: dict | None = None, start: int = 0,
+                host_bytes: list | None = None) -> dict:
     """The same run in one process: each global batch as W micro-batches of loss / W, gradients accumulated."""
     model = dp_rank.build_model()
     opt = ZenFlowAdamW(model.parameters(), process_group=False, **config)
@@ -72,6 +73,8 @@ def one_process(config: dict, steps: int = 12, start_state: dict | None = None, 
             (torch.nn.functional.mse_loss(model(x[rows]), y[rows]) / WORLD).backward()
         opt.step()
         opt.zero_grad()
+    if host_bytes is not None:
+        host_bytes.append(opt.host_state_bytes)
     opt.close()
     return model.state_dict()
 
@@ -88,8 +91,12 @@ def test_two_ranks_equal_one_process_on_the_global_batch(name: str, tmp_path: Pa
     ok(torchrun(config, tmp_path))
     rank0, rank1 = ranks(tmp_path)
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0), "the ranks' parameters differ"
-    reference = one_process(config)
+    host_bytes: list[int] = []
+    reference = one_process(config, host_bytes=host_bytes)
     assert_close(rank0, reference)
+    per_rank = [b["host_state_bytes"] for b in ranks(tmp_path, "bytes")]
+    assert sum(per_rank) == host_bytes[0]  # the ranks' blocks partition one process's host state
+    assert max(per_rank) <= 0.75 * host_bytes[0] or host_bytes[0] == 0
     start = dp_rank.build_model().state_dict()
     assert any(not torch.equal(rank0[k], start[k]) for k in start), "nothing trained"
 

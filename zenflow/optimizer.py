@@ -127,6 +127,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def transfer_bytes(self) -> dict[tuple[str, str], int]:
         return dict(self.observers.bytes)
 
+    @property
+    def host_state_bytes(self) -> int:
+        """This process's host buffers: fp32 master, moments, accumulators and staging of its host columns."""
+        parts = [st["host"] for st in self.state.values() if "host" in st]
+        return sum(t.numel() * t.element_size() for part in parts for t in (
+            part.master, part.exp_avg, part.exp_avg_sq, *part.accumulators, *part.grad_staging, part.param_staging))
+
     # ---- the step ---------------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:

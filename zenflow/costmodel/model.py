@@ -89,6 +89,14 @@ def _ms(elements: float, gelem_s: float) -> float:
     return elements / gelem_s / 1e6
 
 
+def selection_exchange_bytes(columns: float, column_params: float, grad_bytes: float = 2.0,
+                             norm_bytes: float = 4.0) -> dict[str, float]:
+    """Bytes each rank contributes to agree on a selection: one norm per column (our all-reduce of fp32 norms)
+    vs the gradients themselves (what an all-gather of the column params' gradients sends, bf16)."""
+    norms, gradients = columns * norm_bytes, column_params * grad_bytes
+    return {"norm_bytes": norms, "gradient_bytes": gradients, "ratio": gradients / norms}
+
+
 def transfer_bytes(n: float, b: float, r: float, interval: int) -> float:
     """DESIGN §2: ZeRO-Offload 2·N·b; ZenFlow (1-r)·N·b·(1 + 1/U)."""
     return (1 - r) * n * b * (1 + 1 / interval)

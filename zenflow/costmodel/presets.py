@@ -60,6 +60,14 @@ def model_counts(name: str) -> dict[str, float]:
     return {"column": float(column), "dense": float(dense), "matmul": float(m["layers"] * per_layer + embed)}
 
 
+def model_columns(name: str) -> int:
+    """Columns of every column param (the sum of their input widths): what a selection exchanges one norm for."""
+    model_counts(name)  # refuses an unknown preset
+    m = MODELS[name]
+    h = m["hidden"]
+    return m["layers"] * (6 * h + m["inter"]) + h * (1 if m["tied"] else 2)  # q k v o gate up: h; down: inter
+
+
 def load_calibration(path: str | Path, expect_hardware_id: str | None = "this machine") -> dict[str, Any]:
     """A calibration record; refused when it was measured on another hardware id than this machine's."""
     path = Path(path)

@@ -75,6 +75,9 @@ class Engine:
     def transfer_bytes(self) -> dict[str, int] | None:
         return None  # not measured by the engine itself
 
+    def host_state_bytes(self) -> int | None:
+        return None  # not measured by the engine itself
+
     def close(self) -> None:
         pass
 
@@ -120,6 +123,9 @@ class TorchEngine(Engine):
         if not isinstance(self.optimizer, ZenFlowAdamW):
             return None
         return {f"{d}_{k}": n for (d, k), n in self.optimizer.transfer_bytes.items()}
+
+    def host_state_bytes(self) -> int | None:
+        return self.optimizer.host_state_bytes if isinstance(self.optimizer, ZenFlowAdamW) else None
 
     def close(self) -> None:
         if isinstance(self.optimizer, ZenFlowAdamW):

@@ -174,6 +174,7 @@ class Session:
             record.warnings.append(f"{spec.engine}: bytes not measured (no counters inside the engine; NVML needs "
                                    "a GPU)")
         record.summary = summarize_steps(record.steps, spec.cycle, record.model["model_bytes"])
+        host_state = self.engine.host_state_bytes()  # this rank's host buffers (ZenFlow engines)
         evaluated = self._evaluate() if self.workload.evaluate is not None else None
         self.close()
         record.metrics["final_loss"] = record.summary["final_loss"]
@@ -183,6 +184,8 @@ class Session:
                               "train_seconds": train_seconds, "eval_seconds": eval_seconds,
                               "child_seconds": time.perf_counter() - self.started,
                               **getattr(self.workload, "final_metrics", {})}
+        if host_state is not None:
+            record.metrics["host_state_bytes"] = host_state
         return record
 
     def _evaluate(self) -> tuple[dict[str, Any], float]:
