@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from zenflow.hooks import Observers
-from zenflow.selection import column_scores, complement
+from zenflow.selection import column_scores
 
 NET = "net"  # the direction of transfers between ranks, in the optimizer's byte counters
 
@@ -33,6 +33,11 @@ NET = "net"  # the direction of transfers between ranks, in the optimizer's byte
 def owner_of(cols: torch.Tensor, width: int, world: int) -> torch.Tensor:
     """The rank whose host owns each of `cols` (columns of a weight with `width` columns): contiguous blocks."""
     return cols * world // width
+
+
+def block_of(rank: int, width: int, world: int) -> slice:
+    """The columns `owner_of` gives to `rank`, as a slice: [ceil(rank·width/W), ceil((rank+1)·width/W))."""
+    return slice((rank * width + world - 1) // world, ((rank + 1) * width + world - 1) // world)
 
 
 def as_columns(t: torch.Tensor) -> torch.Tensor:
@@ -82,25 +87,24 @@ class DataParallel:
         return [cols[owner == r] for r in range(self.world)]
 
     # ---- collectives (each on the training thread, in the same order on every rank) --------------------
-    def reduce_columns_to_owners_(self, pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """For each (gradient `[out, in]`, its unselected columns): column j becomes the mean over ranks on the rank
-        that owns it; elsewhere it is left as it was (and not read again). One reduce per owner and bucket: a
-        reduce-scatter of unequal blocks."""
+    def reduce_blocks_to_owners_(self, grads: list[torch.Tensor]) -> None:
+        """Each weight's column block becomes, on the rank that owns it, the mean over ranks of that block; elsewhere
+        it is left as it was (and not read again). One reduce per owner and bucket: a reduce-scatter of unequal
+        blocks. Whole blocks (the selected columns in them too) move as contiguous slices, no column gather."""
         for owner in range(self.world):
-            mine = [(grad, self.by_owner(cols, grad.shape[1])[owner]) for grad, cols in pieces]
-            for bucket in _buckets([(grad, cols) for grad, cols in mine if cols.numel()]):
+            for bucket in _buckets([(g, block_of(owner, g.shape[1], self.world)) for g in grads]):
                 flat = _flatten(bucket)
                 self._count("grad_reduce", flat)
                 self._run(dist.reduce, flat, dst=self._global(owner), group=self.group)
                 if owner == self.rank:
                     _unflatten_into(flat.div_(self.world), bucket)
 
-    def share_owned_columns_(self, pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """After the host updates, for each (weight `[out, in]`, its host-owned columns): each owner sends its
-        columns to every rank (one broadcast per owner and bucket: an all-gather of unequal blocks)."""
+    def share_blocks_(self, weights: list[torch.Tensor]) -> None:
+        """After the host updates, each owner sends its column block of every weight (`[out, in]`) to every rank: its
+        host's columns, and selected columns that are the same on every rank already. One broadcast per owner and
+        bucket: an all-gather of unequal blocks."""
         for owner in range(self.world):
-            mine = [(weight, self.by_owner(cols, weight.shape[1])[owner]) for weight, cols in pieces]
-            for bucket in _buckets([(weight, cols) for weight, cols in mine if cols.numel()]):
+            for bucket in _buckets([(w, block_of(owner, w.shape[1], self.world)) for w in weights]):
                 flat = _flatten(bucket)
                 self._count("param_gather", flat)
                 self._run(dist.broadcast, flat, src=self._global(owner), group=self.group)
@@ -125,9 +129,10 @@ class DataParallel:
                 self._run(dist.broadcast, t.detach(), src=self._global(0), group=self.group)
 
     def average_gradients_(self, params: list[torch.Tensor], state: dict) -> None:
-        """Dense gradients and selected columns averaged on every rank; each unselected column averaged on the rank
-        that owns it. In place in `p.grad` (as DDP does); a column's gradient is read only where it is averaged."""
-        everywhere, to_owners = [], []  # (tensor, columns or None): averaged on every rank / on the owner
+        """Dense gradients and selected columns averaged on every rank; each weight's column block averaged on the
+        rank that owns it (its host's columns are in it). In place in `p.grad` (as DDP does); a column's gradient is
+        read only where it is averaged."""
+        everywhere, blocks = [], []  # (tensor, columns or None) averaged on every rank; column gradients
         for p in params:
             if p.grad is None:
                 continue
@@ -136,43 +141,43 @@ class DataParallel:
                 everywhere.append((p.grad, None))
                 continue
             grad = as_columns(p.grad)
+            blocks.append(grad)
             if st["sel"].numel():
                 everywhere.append((grad, st["sel"]))
-            to_owners.append((grad, complement(st["sel"], grad.shape[1])))
+        averaged = []  # gathered first: the block reduce below rewrites the owners' blocks, selected columns too
         for bucket in _buckets(everywhere):
             flat = _flatten(bucket)
             self._count("grad_average", flat)
             self._run(dist.all_reduce, flat, group=self.group)
-            _unflatten_into(flat.div_(self.world), bucket)
-        self.reduce_columns_to_owners_(to_owners)
+            averaged.append((flat.div_(self.world), bucket))
+        self.reduce_blocks_to_owners_(blocks)
+        for flat, bucket in averaged:  # the same values on every rank, whatever the block reduce wrote
+            _unflatten_into(flat, bucket)
 
     def total_norm(self, params: list[torch.Tensor], state: dict) -> torch.Tensor:
-        """L2 norm of the averaged gradient: every part counted once, where it is averaged (dense and selected
-        columns on rank 0, unselected columns on their owner), summed across ranks."""
-        parts = []
+        """L2 norm of the averaged gradient: each rank counts its own column blocks (averaged there) and rank 0 the
+        dense gradients; the squares are summed across ranks."""
+        square = torch.zeros((), dtype=torch.float64, device=params[0].device)
         for p in params:
             if p.grad is None:
                 continue
-            st = state[p]
-            if "host" not in st:
-                parts += [p.grad] if self.rank == 0 else []
+            if "host" not in state[p]:
+                if self.rank == 0:
+                    square += torch.linalg.vector_norm(p.grad, dtype=torch.float32).double().square()
                 continue
             grad = as_columns(p.grad)
-            parts.append(grad.index_select(1, st["unsel"]))
-            if self.rank == 0 and st["sel"].numel():
-                parts.append(grad.index_select(1, st["sel"]))
-        square = torch.zeros(1, dtype=torch.float64, device=params[0].device)
-        for t in parts:
-            square += torch.linalg.vector_norm(t, dtype=torch.float64).square()
+            mine = grad[:, block_of(self.rank, grad.shape[1], self.world)]
+            square += torch.linalg.vector_norm(mine, dtype=torch.float32).double().square()
+        square = square.reshape(1).to(self.device)
         self.sum_(square, "grad_norm")
-        return square.sqrt().float()[0]
+        return square.sqrt().float()[0].to(params[0].device)
 
-    def column_scores(self, grad: torch.Tensor, st: dict, norm: str) -> torch.Tensor:
-        """Every column's norm of the averaged gradient, on every rank: one number per column crosses."""
+    def column_scores(self, grad: torch.Tensor, norm: str) -> torch.Tensor:
+        """Every column's norm of the averaged gradient, on every rank: each rank scores its own block, one number
+        per column crosses."""
         scores = torch.zeros(grad.shape[1], dtype=torch.float32, device=grad.device)
-        scores[st["unsel"]] = column_scores(grad.index_select(1, st["unsel"]), norm)
-        if self.rank == 0 and st["sel"].numel():
-            scores[st["sel"]] = column_scores(grad.index_select(1, st["sel"]), norm)
+        mine = block_of(self.rank, grad.shape[1], self.world)
+        scores[mine] = column_scores(grad[:, mine], norm)
         self.assemble_(scores, "column_norms")
         return scores
 
@@ -210,7 +215,8 @@ class DataParallel:
 
     def _run(self, collective: object, *args: object, **kwargs: object) -> None:
         try:
-            collective(*args, **kwargs)
+            with self.observers.blocking("collective"):  # exposed communication: I/O in the step's split
+                collective(*args, **kwargs)
         except Exception as exc:  # gloo: connection closed; nccl/gloo: timeout (the group's `timeout`)
             raise DistributedError(
                 f"zenflow: rank {self.rank} of {self.world}: {collective.__name__} with the other ranks failed (a "
@@ -220,12 +226,15 @@ class DataParallel:
 BUCKET_ELEMENTS = 1 << 25  # per collective: few calls (gloo's latency is per call), bounded extra memory (64 MB bf16)
 
 
-def _buckets(pieces: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[list]:
-    """Consecutive (tensor, columns or None: the whole tensor) pieces of one dtype, up to BUCKET_ELEMENTS each."""
+def _buckets(pieces: list[tuple[torch.Tensor, slice | torch.Tensor | None]]) -> list[list]:
+    """Consecutive (tensor, columns) pieces of one dtype, up to BUCKET_ELEMENTS each; columns: a slice (a block), an
+    index tensor, or None (the whole tensor). Empty pieces are left out."""
     buckets: list[list] = []
     size = 0
     for t, cols in pieces:
-        n = t.numel() if cols is None else t.shape[0] * cols.numel()
+        n = math.prod(_shape(t, cols))
+        if n == 0:
+            continue
         if not buckets or size + n > BUCKET_ELEMENTS or buckets[-1][0][0].dtype != t.dtype:
             buckets.append([])
             size = 0
@@ -234,20 +243,30 @@ def _buckets(pieces: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[lis
     return buckets
 
 
+def _shape(t: torch.Tensor, cols: slice | torch.Tensor | None) -> tuple[int, ...]:
+    if cols is None:
+        return tuple(t.shape)
+    return (t.shape[0], len(range(t.shape[1])[cols]) if isinstance(cols, slice) else cols.numel())
+
+
+def _piece(t: torch.Tensor, cols: slice | torch.Tensor | None) -> torch.Tensor:
+    if cols is None:
+        return t
+    return t[:, cols] if isinstance(cols, slice) else t.index_select(1, cols)
+
+
 def _flatten(bucket: list) -> torch.Tensor:
-    """One contiguous buffer of the bucket's pieces (column blocks gathered), in order."""
-    return torch.cat([(t if cols is None else t.index_select(1, cols)).reshape(-1) for t, cols in bucket])
+    """One contiguous buffer of the bucket's pieces, in order."""
+    return torch.cat([_piece(t, cols).reshape(-1) for t, cols in bucket])
 
 
 def _unflatten_into(flat: torch.Tensor, bucket: list) -> None:
     offset = 0
     for t, cols in bucket:
-        shape = t.shape if cols is None else (t.shape[0], cols.numel())
-        n = math.prod(shape)
-        piece = flat[offset:offset + n].view(shape)
-        if cols is None:
-            t.copy_(piece)
-        else:
+        shape = _shape(t, cols)
+        piece = flat[offset:offset + math.prod(shape)].view(shape)
+        if isinstance(cols, torch.Tensor):
             t.index_copy_(1, cols, piece)
-        offset += n
-
+        else:
+            _piece(t, cols).copy_(piece)
+        offset += piece.numel()

@@ -18,7 +18,8 @@ from typing import Protocol
 DIRECTIONS = ("d2h", "h2d")
 KINDS = ("grads", "params", "master", "moments", "indices")
 # Where the main thread can block, in the order a step meets them.
-BLOCKS = ("clip_sync", "copy_d2h", "host_accumulate", "copy_h2d", "host_wait", "host_update", "reselect")
+BLOCKS = ("clip_sync", "copy_d2h", "host_accumulate", "copy_h2d", "host_wait", "host_update", "reselect",
+          "collective")  # collective: waiting for the other ranks (data parallelism)
 
 
 class Observer(Protocol):

@@ -34,7 +34,7 @@ from zenflow.hooks import Observer, Observers, RemovableHandle
 from zenflow.host import GradCopy, HostColumns, HostWorker, HostWorkerError, accumulate_, host_adamw_, reserved_cores
 from zenflow.link import Link
 from zenflow.ownership import move_columns
-from zenflow.selection import complement, num_selected, select_columns
+from zenflow.selection import num_selected, select_columns
 
 # "auto" update interval: the boundary decision at a step reads the accumulated mass of the step this many steps
 # earlier, the newest one a background worker is sure to have added under the backpressure bound (at most one
@@ -317,7 +317,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def _upload(self) -> None:
         """Host-owned columns go back to the device in the model dtype."""
         self._upload_events = []  # CUDA: the next host job must not overwrite a staging buffer still being read
-        shared = []  # (weight, its host columns) of every weight updated here
+        shared = []  # every weight whose host columns were updated here
         for p in self._params():
             st = self.state[p]
             part: HostColumns | None = st.get("host")
@@ -327,10 +327,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             done = self.link.scatter_to_device(part.param_staging, st["unsel"], _as_columns(p), "params")
             if done is not None:
                 self._upload_events.append(done)
-            if self.dp:
-                shared.append((_as_columns(p), complement(st["sel"], _as_columns(p).shape[1])))
+            shared.append(_as_columns(p))
         if self.dp:  # every rank gets the columns the other ranks' hosts updated
-            self.dp.share_owned_columns_(shared)
+            self.dp.share_blocks_(shared)
 
     @torch.no_grad()
     def drain(self) -> None:
@@ -388,7 +387,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if "host" in st and p.grad is not None:
                 grad = _as_columns(p.grad)
                 k = num_selected(grad.shape[1], self.config.topk_ratio)
-                scores = self.dp.column_scores(grad, st, self.config.column_norm) if self.dp else None
+                scores = self.dp.column_scores(grad, self.config.column_norm) if self.dp else None
                 new_sel = select_columns(grad, k, self.config.column_norm, scores)
                 if self.dp:  # newly selected columns: their averaged gradient is on their owner only
                     self.dp.share_entering_gradients_(grad, new_sel[~torch.isin(new_sel, st["sel"])])

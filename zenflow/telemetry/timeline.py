@@ -34,7 +34,7 @@ import torch
 from zenflow.hooks import Observer
 
 # Blocking sections of the optimizer, by category: copies the step waits for, and waits for the host optimizer.
-IO_BLOCKS = {"copy_d2h", "copy_h2d"}
+IO_BLOCKS = {"copy_d2h", "copy_h2d", "collective"}  # collective: bytes between ranks (data parallelism)
 STALL_BLOCKS = {"host_wait", "host_update", "host_accumulate", "reselect", "clip_sync"}
 
 
