@@ -73,7 +73,9 @@ def stop_group(proc: subprocess.Popen, grace_s: float | None = None) -> int | No
 def bind_rank_cores() -> list[int]:
     """Pin this rank (LOCAL_RANK of LOCAL_WORLD_SIZE, as torchrun sets them) to its contiguous share of the cores
     this process may use, so W ranks on one CPU host do not fight over cores (DeepSpeed's --bind_cores_to_rank)."""
-    rank, world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    # torchrun sets LOCAL_WORLD_SIZE; the DeepSpeed launcher on one host sets LOCAL_SIZE (and WORLD_SIZE)
+    world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or os.environ.get("WORLD_SIZE", "1"))
     cores = sorted(os.sched_getaffinity(0))
     share = max(1, len(cores) // world)
     mine = cores[rank * share:(rank + 1) * share] or cores[-share:]
