@@ -12,6 +12,7 @@ from zenflow.costmodel.model import selection_exchange_bytes
 from zenflow.costmodel.presets import model_columns, model_counts
 from zenflow.harness.records import RunRecord
 from zenflow.harness.scaling import scaling_report, scaling_rows, selection_rows
+from zenflow.telemetry.environment import capture_environment
 
 
 def record(engine: str, world: int, cycle_ms: float, host: int | None = None, net: float = 0.0,
@@ -54,7 +55,7 @@ def test_selection_bytes_counted_at_the_first_step_and_computed_for_llama() -> N
 def test_the_report_writes_a_table_and_a_figure(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     records = [record("ref-zenflow", 1, 100.0, host=1000), record("ref-zenflow", 2, 180.0, host=500, net=40.0,
                                                                  first_step_norms=20_000)]
-    text = scaling_report(records, tmp_path, {})
+    text = scaling_report(records, tmp_path, capture_environment())
     assert (tmp_path / "figure.png").stat().st_size > 0
     assert re.search(r"\|\s*ref-zenflow\s*\|\s*2\s*\|", (tmp_path / "table.md").read_text())
     assert "Llama-2-7B 2,938×" in text

@@ -387,10 +387,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if "host" in st and p.grad is not None:
                 grad = _as_columns(p.grad)
                 k = num_selected(grad.shape[1], self.config.topk_ratio)
-                scores = self.dp.column_scores(grad, self.config.column_norm) if self.dp else None
+                ranked = self.dp and 0 < k < grad.shape[1]  # none or every column: no scores needed
+                scores = self.dp.column_scores(grad, self.config.column_norm) if ranked else None
                 new_sel = select_columns(grad, k, self.config.column_norm, scores)
-                if self.dp:  # newly selected columns: their averaged gradient is on their owner only
-                    self.dp.share_entering_gradients_(grad, new_sel[~torch.isin(new_sel, st["sel"])])
+                entering = new_sel[~torch.isin(new_sel, st["sel"])]  # the same on every rank
+                if self.dp and entering.numel():  # their averaged gradient is on their owner only
+                    self.dp.share_entering_gradients_(grad, entering)
                 move_columns(st, new_sel, self.link, _hyper(self._group_of(p)), p.dtype, self._n_accumulators,
                              self._n_staging, self.dp)
 

@@ -50,7 +50,8 @@ def selection_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
     cpu-scale: counted by our counters at the run's first step (its selection), from a W > 1 ref-zenflow record;
     Llama-2-7B: computed (zenflow/costmodel/model.py: selection_exchange_bytes)."""
     rows = []
-    counted = [r for r in records if r.status == "ok" and r.engine == "ref-zenflow" and run_world_size(r) > 1]
+    counted = [r for r in records if r.status == "ok" and r.engine == "ref-zenflow" and run_world_size(r) > 1
+               and r.protocol.get("telemetry", True)]  # runs without telemetry count no bytes
     if counted:
         r = counted[0]
         norms = (r.steps[0].get("bytes") or {}).get("net_column_norms")
