@@ -145,6 +145,8 @@ def test_a_two_rank_run_of_our_engines_trains_on_gloo_and_records_its_world_size
     assert record.status == "ok", record.error
     assert record.protocol["world_size"] == 2
     assert record.protocol["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)  # each rank its share of cores
+    assert record.environment["cpu"]["allowed_cores"] == len(os.sched_getaffinity(0))  # the machine, not the share
+    assert len(record.protocol["rank_cores"]) == record.protocol["threads"]
     if engine == "ref-zenflow":  # the ranks exchanged gradients and columns (our own counters)
         assert record.summary["bytes_per_step"]["net_grad_reduce"] > 0
         assert record.metrics["host_state_bytes"] > 0  # this rank's block of the host state

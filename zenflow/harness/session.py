@@ -94,14 +94,16 @@ class Session:
         from zenflow.telemetry.timeline import StepTimeline
 
         self.started = time.perf_counter()
+        machine = environment()  # before a rank is bound to its cores: the record names the machine it ran on
+        rank_cores = None
         if spec.num_gpus > 1 and not torch.cuda.is_available():
-            bind_rank_cores()  # CPU ranks: each its own share of the cores, as DeepSpeed's --bind_cores_to_rank
+            rank_cores = bind_rank_cores()  # CPU ranks: each its own share of the cores (--bind_cores_to_rank)
         torch.set_num_threads(spec.threads or len(os.sched_getaffinity(0)))
         self.spec = spec
         self.workload = build_workload(spec)
         model = self.workload.model
         self.record = RunRecord(engine=spec.engine, label=spec.label, config=spec.ds_config,
-                                workload=self.workload.description, environment=environment(),
+                                workload=self.workload.description, environment=machine,
                                 model=model_facts(model))
         self.timeline = StepTimeline()
         self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry,
@@ -114,7 +116,7 @@ class Session:
         self.record.protocol = {
             "warmup_steps": self.warmup_steps, "timed_steps": timed, "cycle": spec.cycle,
             "num_gpus": spec.num_gpus, "world_size": world_size(), "device": str(self.engine.device),
-            "threads": torch.get_num_threads(), "telemetry": spec.telemetry,
+            "threads": torch.get_num_threads(), "rank_cores": rank_cores, "telemetry": spec.telemetry,
             "stall_includes_io": self.engine.stall_includes_io,
             "attribution": self.timeline.use_device(self.engine.device), "peak_memory": self.timeline.memory,
             "weights_changed_at_init": len(self.engine.weights_changed_at_init),
