@@ -14,6 +14,7 @@ from zenflow.costmodel.validate import validation
 from zenflow.harness.glue.report import parity_report
 from zenflow.harness.records import read_records
 from zenflow.harness.report import scenario_report
+from zenflow.harness.scaling import scaling_report
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 NO_ENV: dict = {}  # the hardware label comes from the records themselves
@@ -29,7 +30,7 @@ def _same_files(committed: Path, remade: Path, names: tuple[str, ...]) -> None:
             assert (remade / name).read_bytes() == (committed / name).read_bytes(), f"{committed / name} differs"
 
 
-@pytest.mark.parametrize("folder", _sets("llama7b/*/table.md"), ids=lambda p: p.name)
+@pytest.mark.parametrize("folder", _sets("llama7b/**/table.md"), ids=lambda p: str(p.relative_to(RESULTS)))
 def test_llama_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     scenario_report(read_records(folder), tmp_path, NO_ENV)
     _same_files(folder, tmp_path, ("table.md", "table.csv"))
@@ -39,6 +40,13 @@ def test_llama_table_regenerates_byte_identical(folder: Path, tmp_path: Path, ca
 def test_glue_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     parity_report(read_records(folder), tmp_path, NO_ENV)
     _same_files(folder, tmp_path, ("table.md", "table.csv", "parity.csv"))
+
+
+@pytest.mark.parametrize("folder", _sets("scaling/*/table.md"), ids=lambda p: p.name)
+def test_scaling_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    runs = sorted((RESULTS / "llama7b" / folder.name).glob("nproc-*"))
+    scaling_report([r for run in runs for r in read_records(run)], tmp_path, NO_ENV)
+    _same_files(folder, tmp_path, ("table.md",))
 
 
 @pytest.mark.parametrize("folder", _sets("costmodel/*/calibration.json"), ids=lambda p: p.name)
