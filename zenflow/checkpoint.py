@@ -49,7 +49,7 @@ def pack(opt: ZenFlowAdamW) -> dict[str, Any]:
                         "host_updates": opt.host_updates, "since_boundary": opt._since_boundary,
                         "slot": opt._slot,
                         "auto_history": [r.to_state(opt._wait_for) for r in opt._auto_history],
-                        "pending_upload": opt._pending is not None,
+                        "pending_upload": opt._pending is not None, "select_next": opt._select_next,
                         "rank": opt.dp.rank if opt.dp else 0, "world_size": opt.dp.world if opt.dp else 1}}
 
 
@@ -79,6 +79,7 @@ def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
     z = sd["zenflow"]
     opt.t, opt.skipped_steps, opt.host_updates = z["t"], z["skipped_steps"], z["host_updates"]
     opt._since_boundary, opt._slot = z["since_boundary"], z["slot"]
+    opt._select_next = z.get("select_next", False)
     opt._auto_history = [MassReport.from_state(r) for r in z.get("auto_history", [])]
     if z["pending_upload"]:
         opt._start_worker()

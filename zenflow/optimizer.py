@@ -61,6 +61,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         if self.dp:
             self.dp.broadcast_from_first_(self._params())  # every rank starts from rank 0's weights
         self.t = 0  # applied steps (skipped overflow steps do not count)
+        self._select_next = False  # parameters joined since the last selection: select at the next step
         self.skipped_steps = 0
         self.host_updates = 0  # boundaries so far
         self._since_boundary = 0  # steps accumulated since the last boundary
@@ -90,6 +91,26 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     # ---- state ----------------------------------------------------------------------------------------------
     def _params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch.optim's, and the new parameters join ZenFlow at once (progressive unfreezing): their state is made
+        now, their columns start on the host like everyone's before a first selection and are ranked at the next
+        one. With data parallelism every rank adds the same group."""
+        super().add_param_group(param_group)
+        if hasattr(self, "link"):  # after construction (torch's __init__ adds the first groups itself)
+            self.device = check_params(self.param_groups)
+            self._adopt_new_params()
+
+    def _adopt_new_params(self) -> None:
+        """State for trainable parameters that have none: added by add_param_group, or unfrozen
+        (`requires_grad_(True)`) after construction. Without it they would never be updated."""
+        new = [p for p in self._params() if not self.state.get(p)]
+        if self.dp and new:
+            self.dp.broadcast_from_first_(new)
+        for p in new:
+            self._init_state(p)
+        if new and self.t >= self.config.full_warm_up_rounds:
+            self._select_next = True  # rank them on their first gradient (a reselection: the host part drains)
 
     def _init_state(self, p: torch.Tensor) -> None:
         st = self.state[p]
@@ -142,6 +163,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_worker_jobs()
+        self._adopt_new_params()  # unfrozen since the last step
         if self.dp:
             self.dp.average_gradients_(self._params(), self.state)  # collectives: every rank, every step
         if not self._gradients_usable():
@@ -152,6 +174,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self.drain()  # the host part must be current before columns change owner
             with self.observers.blocking("reselect"):
                 self._reselect()
+            self._select_next = False
         in_background = self.config.overlap_step and not warm_up
         copies = self._start_offload(in_background)  # CUDA: copies start now, beside the device update
         self._device_update()
@@ -192,7 +215,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def _selection_due(self) -> bool:
         since = self.t - self.config.full_warm_up_rounds
-        return since == 0 or since % self.select_interval == 0
+        return since == 0 or since % self.select_interval == 0 or self._select_next
 
     def _boundary_due(self) -> bool:
         if not self.config.auto_update:
