@@ -31,12 +31,12 @@ $(STAMP): pyproject.toml
 endif
 
 test: install
-	$(PY) -m ruff check zenflow tests bench reproduce
+	$(PY) -m ruff check zenflow tests bench reproduce examples
 	$(PY) -m pytest tests -q
 	ZENFLOW_BENCH_SMALL=1 $(PY) -m pytest bench/ -q --benchmark-disable  # smoke: the benchmarks cannot rot
 
 lint: install
-	$(PY) -m ruff check zenflow tests bench reproduce
+	$(PY) -m ruff check zenflow tests bench reproduce examples
 
 # Each run is saved with its raw timings in .benchmarks/<hardware-id>/ (bench/conftest.py); ARGS for more flags,
 # e.g. ARGS=--benchmark-json=out.json. docs/benchmarks.md

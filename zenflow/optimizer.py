@@ -470,6 +470,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self.drain()
         if self._worker is not None:
             self._worker.close()
+            self._worker = None  # a later step starts a new one (a Trainer that trains again after train end)
             self._pending = None
             self._jobs.clear()
             self._accumulations.clear()

