@@ -208,3 +208,58 @@ def test_tied_weights_are_one_parameter_and_train_like_adamw() -> None:
             opt.zero_grad()
     ours.close()
     assert_same(list(ref_model.parameters()), list(ours_model.parameters()))
+
+
+def test_state_dict_and_step_hooks_run_as_for_torch_optimizers() -> None:
+    model = Interleaved([6, 8, 4], seed=1)
+    opt = ZenFlowAdamW(model.parameters(), lr=1e-2, zenflow={"topk_ratio": 0.5, "update_interval": 2})
+    calls = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: calls.append("step-pre"))
+    opt.register_step_post_hook(lambda o, args, kwargs: calls.append("step-post"))
+    opt.register_state_dict_pre_hook(lambda o: calls.append("save-pre"))
+    opt.register_state_dict_post_hook(lambda o, sd: {**sd, "mine": 1})
+    opt.register_load_state_dict_pre_hook(lambda o, sd: calls.append(("load-pre", sd.get("mine"))))
+    opt.register_load_state_dict_post_hook(lambda o: calls.append("load-post"))
+    step_all(model, [opt], grad_stream(model, 1, seed=0)[0])
+    sd = opt.state_dict()
+    assert sd["mine"] == 1
+    opt.load_state_dict(sd)
+    assert calls == ["step-pre", "step-post", "save-pre", ("load-pre", 1), "load-post"]
+    opt.close()
+
+
+@pytest.mark.parametrize("block", ADAMW_EVERY_STEP.values(), ids=ADAMW_EVERY_STEP)
+def test_parameters_without_a_gradient_in_some_steps_are_left_alone_as_adamw_does(block: dict) -> None:
+    model = Interleaved([6, 8, 5, 4], seed=5)
+    ref_model = clone_model(model)
+    ours = ZenFlowAdamW(model.parameters(), lr=1e-2, weight_decay=0.1, zenflow={**block, "select_interval": 1000})
+    ref = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, weight_decay=0.1)
+    for i, g in enumerate(grad_stream(model, 8, seed=2)):
+        for m in (model, ref_model):
+            for j, (p, q) in enumerate(zip(m.parameters(), g)):
+                # each parameter skips every third step, but not the selection step (step 0): a parameter without
+                # a gradient there keeps its owners until the next selection (docs/step-semantics.md)
+                p.grad = None if i > 0 and (j + i) % 3 == 0 else q.clone()
+        ours.step()
+        ref.step()
+    ours.close()
+    assert_same(list(ref_model.parameters()), list(model.parameters()))
+
+
+def test_a_compiled_model_trains_as_the_eager_one() -> None:
+    """torch.compile (dynamo; the aot_eager backend keeps it fast and compiler-free) changes nothing for the optimizer:
+    the parameters are the module's own."""
+    runs = []
+    for compiled in (False, True):
+        model = Interleaved([6, 8, 4], seed=1)
+        opt = ZenFlowAdamW(model.parameters(), lr=1e-2, zenflow={"topk_ratio": 0.5, "update_interval": 2,
+                                                                 "overlap_step": True, "select_interval": 3})
+        forward = torch.compile(model, backend="aot_eager") if compiled else model
+        x = torch.randn(16, 6, generator=torch.Generator().manual_seed(0))
+        for _ in range(6):
+            forward(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        opt.close()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert_same(*runs)

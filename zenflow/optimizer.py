@@ -488,11 +488,21 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Everything for a bit-exact resume (checkpoint.py); torch's state-dict hooks run as for any optimizer."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
         self._quiesce()  # host state must be complete; a finished overlapped result stays pending its upload
-        return checkpoint.pack(self)
+        state_dict = checkpoint.pack(self)
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            state_dict = hook(self, state_dict) or state_dict
+        return state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state_dict = hook(self, state_dict) or state_dict
         checkpoint.unpack(self, state_dict)
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
 
 
 def _after_uploads(events: list, groups: list, slot: int) -> None:
