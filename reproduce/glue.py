@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from zenflow.harness import cli_checks as cc
-from zenflow.harness.configs import ENGINES, GLUE_BLOCK, GLUE_TRAIN_EXAMPLES
+from zenflow.harness.configs import CORE_ENGINES, ENGINES, GLUE_BLOCK, GLUE_TRAIN_EXAMPLES
 from zenflow.harness.engines import deepspeed_config
 from zenflow.harness.glue.data import GlueError
 from zenflow.harness.glue.report import parity_report
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", nargs="+", type=cc.glue_task, default=DEFAULT_TASKS,
                     help="any of the nine GLUE tasks (default SST-2 MRPC)")
-    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    ap.add_argument("--engines", nargs="+", default=list(CORE_ENGINES), choices=ENGINES)
     ap.add_argument("--seeds", nargs="+", type=cc.int_at_least(0), default=[0, 1, 2])
     ap.add_argument("--model", type=cc.model_or_builtin(), default=os.environ.get("MODEL") or None,
                     help="hub id or local folder (default: $MODEL, else MiniLM-L6-v2)")

@@ -11,6 +11,7 @@ import argparse
 import datetime
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -81,6 +82,10 @@ def main() -> None:
     torch.save({k: v.detach().clone() for k, v in plain.state_dict().items()}, args.out / f"params-rank{rank}.pt")
     torch.save({**opt.transfer_bytes, "host_state_bytes": opt.host_state_bytes}, args.out / f"bytes-rank{rank}.pt")
     dist.destroy_process_group()
+    # no interpreter teardown: a DDP Reducer freed at exit can deadlock with gloo's thread (zenflow/harness/runner.py)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from zenflow.harness import records as records_module
+from zenflow.harness.configs import ENGINES
 from zenflow.harness.engines import deepspeed_config
 from zenflow.harness.records import RecordError, RunRecord, describe, summarize_steps
 from zenflow.harness.report import engine_rank, engine_rows, runs_hardware_label, table
@@ -101,7 +102,7 @@ def test_a_killed_run_leaves_a_failed_record_and_no_process(tmp_path):
     assert record.status == "failed" and "timeout" in record.error
 
 
-@pytest.mark.parametrize("engine", ["ref-zenflow", "ref-offload", "no-offload"])
+@pytest.mark.parametrize("engine", ["ref-zenflow", "ref-offload", "ref-offload-gas", "no-offload"])
 def test_a_run_record_holds_timings_bytes_environment_and_nvml_status(tmp_path, engine):
     record = run_in_subprocess(tiny_spec(engine), tmp_path / f"{engine}.json")
     assert record.status == "ok", record.error
@@ -119,8 +120,29 @@ def test_a_run_record_holds_timings_bytes_environment_and_nvml_status(tmp_path, 
         assert record.nvml["available"] is False and record.nvml["reason"]
     if engine == "ref-offload":
         assert record.summary["grad_param_bytes_per_step_over_model_bytes"] == pytest.approx(2.0)
-    if engine == "ref-zenflow":
+    if engine in ("ref-zenflow", "ref-offload-gas"):  # the host part every 2 steps
         assert [s["kind"] for s in timed] == ["accumulate", "update"] * 2
+    if engine == "ref-offload-gas":  # every gradient down and every parameter up, once per 2 steps
+        assert record.summary["grad_param_bytes_per_step_over_model_bytes"] == pytest.approx(1.0)
+
+
+@pytest.mark.deepspeed
+def test_the_same_update_frequency_controls_agree_deepspeed_with_ours(tmp_path):
+    """ds-zero-offload-gas (DeepSpeed, gradient accumulation U) and ref-offload-gas (ours: gradients accumulated U
+    steps, then one ZeRO-Offload step on their mean, clipped) are the same algorithm: the same losses on the same
+    data. And it is not every-step ZeRO-Offload."""
+    def run(engine: str) -> list[float]:
+        cfg = deepspeed_config(engine, BLOCK, "fp32", 1, lr=1e-2, weight_decay=0.01, clipping=1.0, cuda=False)
+        spec = RunSpec(engine=engine, label="test", workload=dict(TINY), ds_config=cfg, warmup_steps=0,
+                       timed_steps=8, progress=False)
+        record = run_in_subprocess(spec, tmp_path / f"{engine}.json")
+        assert record.status == "ok", record.error
+        assert spec.cycle == (2 if engine.endswith("-gas") else 1)
+        return [s["loss"] for s in record.steps]
+
+    ds, ours, every_step = run("ds-zero-offload-gas"), run("ref-offload-gas"), run("ds-zero-offload")
+    assert ds == pytest.approx(ours, rel=1e-4)
+    assert ds[-1] != pytest.approx(every_step[-1], rel=1e-4)
 
 
 def test_table_computes_speedup_and_stall_reduction_from_records():
@@ -144,10 +166,10 @@ def test_reproduce_llama7b_smoke_runs_every_engine_and_writes_table_and_figure(t
     assert code == 0
     names = sorted(p.name for p in tmp_path.iterdir())
     assert {"table.md", "table.csv", "figure.png"} <= set(names)
-    assert len([n for n in names if n.endswith(".json")]) == 6  # five engines + the no-telemetry run
+    assert len([n for n in names if n.endswith(".json")]) == len(ENGINES) + 1  # + the no-telemetry run
     text = (tmp_path / "table.md").read_text()
-    for engine in ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload"):
-        assert f"| {engine}" in text
+    for engine in ENGINES:
+        assert f"| {engine} " in text
     # Building an engine must not change the model's weights. DeepSpeed 0.19.8's ZenFlow stage 1/2 does
     # (divergence G: every weight re-viewed untransposed), and the record says so.
     changed = {}

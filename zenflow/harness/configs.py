@@ -6,8 +6,13 @@ reproduction, benchmark and check runs with it.
 
 from __future__ import annotations
 
-# The engines that run side by side (DESIGN §3), in table order.
-ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
+# The engines of DESIGN §3 (GLUE and gpu-check run these), and the same-update-frequency controls (issue 14):
+# ZeRO-Offload with gradient accumulation = the ZenFlow update interval, so its host optimizer runs as often as
+# ZenFlow's. ENGINES: all of them, in table order.
+CORE_ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
+CONTROL_ENGINES = ("ds-zero-offload-gas", "ref-offload-gas")
+ENGINES = ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ref-offload", "ref-offload-gas", "ref-zenflow",
+           "no-offload")
 
 # ZeRO-Offload expressed as a ZenFlow block: nothing selected, every step a synchronous host update.
 OFFLOAD_BLOCK = {"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, "overlap_step": False}

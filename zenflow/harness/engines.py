@@ -7,6 +7,8 @@
 | ref-zenflow       | ZenFlowAdamW with the given zenflow block                                  |
 | ds-zero-offload   | DeepSpeed ZeRO stage 2, offload_optimizer: cpu                             |
 | ds-zenflow        | the same + the zenflow block                                               |
+| ds-zero-offload-gas | ds-zero-offload with gradient_accumulation_steps = the update interval U  |
+| ref-offload-gas   | ref-offload with gradient accumulation U: every parameter every U steps    |
 
 Every engine gets the same DeepSpeed-style config dict (optimizer params, clipping, dtype, zenflow block), so the
 reference engines read exactly what DeepSpeed reads.
@@ -33,13 +35,17 @@ def deepspeed_config(engine: str, zenflow_block: dict[str, Any], dtype: str, mic
     if engine not in ENGINES:
         raise ValueError(f"engine = {engine!r} is not allowed: expected one of {ENGINES}")
     zero: dict[str, Any] = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": cuda}}
+    interval = zenflow_block.get("update_interval", 1)
+    interval = interval if isinstance(interval, int) else 1  # "auto": no fixed frequency to match
     if engine in ("ds-zenflow", "ref-zenflow"):
         zero["zenflow"] = copy.deepcopy(zenflow_block)
     elif engine == "ref-offload":
         zero["zenflow"] = dict(OFFLOAD_BLOCK)
+    elif engine == "ref-offload-gas":  # gradients accumulated on the device for U steps, then one offload step
+        zero["zenflow"] = dict(OFFLOAD_BLOCK)
     return {
         "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": interval if engine.endswith("-gas") else 1,
         "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
                                                   "weight_decay": weight_decay}},
         "gradient_clipping": clipping,
@@ -83,12 +89,14 @@ class Engine:
 
 
 class TorchEngine(Engine):
-    """no-offload, ref-offload, ref-zenflow: a plain torch loop."""
+    """no-offload, ref-offload(-gas), ref-zenflow: a plain torch loop (gradient accumulation: ref-offload-gas)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.accumulation = self.ds_config.get("gradient_accumulation_steps", 1)  # micro-steps per optimizer step
+        self.micro_steps = 0
         ranks = _join_ranks(self.device)  # under torchrun: this rank's device; the process group is up
-        self.device, self.joined_ranks = ranks or self.device, ranks is not None
+        self.device = ranks or self.device
         self.model.to(self.device)  # the spec's device, not whatever is available (audit items 7, 26)
         params = self.ds_config["optimizer"]["params"]
         self.clipping = self.ds_config["gradient_clipping"]
@@ -104,10 +112,13 @@ class TorchEngine(Engine):
 
     def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         loss = self.model(**_model_inputs(batch, self.device)).loss
-        loss.backward()
+        (loss / self.accumulation if self.accumulation > 1 else loss).backward()  # the mean over the micro-steps
         return loss
 
     def optimizer_step(self) -> str:
+        self.micro_steps += 1
+        if self.micro_steps % self.accumulation:
+            return "accumulate"  # gradients accumulate on the device, as DeepSpeed's gradient accumulation
         updates = getattr(self.optimizer, "host_updates", None)
         if self.name == "no-offload" and self.clipping > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
@@ -129,11 +140,7 @@ class TorchEngine(Engine):
 
     def close(self) -> None:
         if isinstance(self.optimizer, ZenFlowAdamW):
-            self.optimizer.close()
-        if self.joined_ranks and torch.distributed.is_initialized():
-            # gloo's threads must be stopped before the interpreter exits ("terminate called without an active
-            # exception", SIGABRT, seen once in 12 runs otherwise)
-            torch.distributed.destroy_process_group()
+            self.optimizer.close()  # (the process group stays: a rank child exits without teardown, runner.py)
 
 
 class DeepSpeedEngine(Engine):
@@ -160,6 +167,7 @@ class DeepSpeedEngine(Engine):
         zero = self.ds_config["zero_optimization"]
         block = zero.get("zenflow") or {}
         self.interval = block.get("update_interval", 1) if isinstance(block.get("update_interval", 1), int) else 1
+        self.interval = max(self.interval, self.ds_config.get("gradient_accumulation_steps", 1))  # -gas: U
         self.warm_up = block.get("full_warm_up_rounds", 0)
         self.steps = 0
 

@@ -326,7 +326,7 @@ def pcie_verdict(ours: dict[str, int], dev: dict[str, Any], idle_dev: dict[str, 
 def engine_plan(cuda: bool, smoke: bool, llama7b: bool = False) -> list[tuple[str, dict[str, Any], dict[str, int]]]:
     """(engine, workload, steps) per run: a small Llama (the cpu-scale shape, bf16, seq 512) on a GPU, then the
     Llama-2-7B shapes (random weights) when asked; the tiny shape with a few steps on the CPU and in --smoke."""
-    from zenflow.harness.configs import ENGINES
+    from zenflow.harness.configs import CORE_ENGINES as ENGINES
 
     tiny = {"model": "cpu-scale", "dtype": "fp32", "seq_len": 16, "hidden": 64, "layers": 2, "intermediate": 128,
             "heads": 4, "data": "synthetic"}

@@ -174,4 +174,12 @@ def _fail_quietly(session: Session, error: str) -> RunRecord:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # A rank leaves without the interpreter's teardown: the record is written, and gloo's destructors can
+        # deadlock there (DDP's Reducer frees the process group holding the GIL while gloo's thread wants it)
+        # or abort ("terminate called without an active exception"), either way hanging or failing the run.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

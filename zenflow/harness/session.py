@@ -47,7 +47,9 @@ class RunSpec:
     def cycle(self) -> int:
         block = self.ds_config["zero_optimization"].get("zenflow") or {}
         interval = block.get("update_interval", 1)
-        return interval if self.engine in ("ref-zenflow", "ds-zenflow") and isinstance(interval, int) else 1
+        if self.engine in ("ref-zenflow", "ds-zenflow") and isinstance(interval, int):
+            return interval
+        return self.ds_config.get("gradient_accumulation_steps", 1)  # the -gas controls: U; others 1
 
 
 class LMWorkload:
