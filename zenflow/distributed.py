@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from zenflow.hooks import Observers
-from zenflow.selection import column_scores
+from zenflow.selection import as_columns, column_scores
 
 NET = "net"  # the direction of transfers between ranks, in the optimizer's byte counters
 
@@ -38,11 +38,6 @@ def owner_of(cols: torch.Tensor, width: int, world: int) -> torch.Tensor:
 def block_of(rank: int, width: int, world: int) -> slice:
     """The columns `owner_of` gives to `rank`, as a slice: [ceil(rank·width/W), ceil((rank+1)·width/W))."""
     return slice((rank * width + world - 1) // world, ((rank + 1) * width + world - 1) // world)
-
-
-def as_columns(t: torch.Tensor) -> torch.Tensor:
-    """A parameter (or its gradient) as `[out, in]`: columns are dim 1."""
-    return t.view(t.shape[0], -1)
 
 
 class DistributedError(RuntimeError):
@@ -82,10 +77,6 @@ class DataParallel:
     def owned(self, cols: torch.Tensor, width: int) -> torch.Tensor:
         return cols[self.owners(cols, width) == self.rank]
 
-    def by_owner(self, cols: torch.Tensor, width: int) -> list[torch.Tensor]:
-        owner = self.owners(cols, width)
-        return [cols[owner == r] for r in range(self.world)]
-
     # ---- collectives (each on the training thread, in the same order on every rank) --------------------
     def reduce_blocks_to_owners_(self, grads: list[torch.Tensor]) -> None:
         """Each weight's column block becomes, on the rank that owns it, the mean over ranks of that block; elsewhere
@@ -110,12 +101,6 @@ class DataParallel:
                 self._run(dist.broadcast, flat, src=self._global(owner), group=self.group)
                 if owner != self.rank:
                     _unflatten_into(flat, bucket)
-
-    def assemble_(self, block: torch.Tensor, kind: str) -> None:
-        """Sum of what each rank filled in (zeros elsewhere): each entry comes from exactly one rank, so the sum
-        is that rank's value, exactly. Used for column norms and for state moving from a host to the device."""
-        self._count(kind, block)
-        self._run(dist.all_reduce, block, group=self.group)
 
     def sum_(self, t: torch.Tensor, kind: str) -> None:
         self._count(kind, t)
@@ -178,19 +163,20 @@ class DataParallel:
         scores = torch.zeros(grad.shape[1], dtype=torch.float32, device=grad.device)
         mine = block_of(self.rank, grad.shape[1], self.world)
         scores[mine] = column_scores(grad[:, mine], norm)
-        self.assemble_(scores, "column_norms")
+        self.sum_(scores, "column_norms")
         return scores
 
     def share_entering_gradients_(self, grad: torch.Tensor, entering: torch.Tensor) -> None:
         """Columns that become selected: their averaged gradient, held by their owner, goes to every rank."""
         block = self.from_owners(grad, entering, grad.shape[1])
-        self.assemble_(block, "grad_average")
+        self.sum_(block, "grad_average")
         grad.index_copy_(1, entering, block)
 
     def from_owners(self, source: torch.Tensor, cols: torch.Tensor, width: int,
                     position: torch.Tensor | None = None) -> torch.Tensor:
         """A `[rows, len(cols)]` block with the columns this rank owns filled from `source` (column `col` of the
-        weight is `source[:, position[col]]`, or `source[:, col]`) and zeros elsewhere, ready for assemble_."""
+        weight is `source[:, position[col]]`, or `source[:, col]`) and zeros elsewhere. Summed across ranks (sum_),
+        each entry comes from exactly one rank, so the sum is that rank's value, exactly."""
         block = torch.zeros(source.shape[0], cols.numel(), dtype=source.dtype, device=source.device)
         mine = (self.owners(cols, width) == self.rank).to(source.device)
         cols = cols.to(source.device)

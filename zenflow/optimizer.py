@@ -34,7 +34,7 @@ from zenflow.hooks import Observer, Observers, RemovableHandle
 from zenflow.host import GradCopy, HostColumns, HostWorker, HostWorkerError, accumulate_, host_adamw_, reserved_cores
 from zenflow.link import Link
 from zenflow.ownership import move_columns
-from zenflow.selection import num_selected, select_columns
+from zenflow.selection import as_columns, num_selected, select_columns
 
 # "auto" update interval: the boundary decision at a step reads the accumulated mass of the step this many steps
 # earlier, the newest one a background worker is sure to have added under the backpressure bound (at most one
@@ -115,7 +115,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def _init_state(self, p: torch.Tensor) -> None:
         st = self.state[p]
         if p.dim() >= 2:
-            w = _as_columns(p)
+            w = as_columns(p)
             mine = torch.arange(w.shape[1])  # this host's columns: every one, or this rank's block of them
             mine = self.dp.owned(mine, w.shape[1]) if self.dp else mine
             st["host"] = HostColumns.of_columns(w, mine, self._n_accumulators, self.link.host_empty, self._n_staging)
@@ -235,7 +235,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                         continue
                     st["d_step"] += 1
                     masters.append(st["d_master"])
-                    grads.append(_as_columns(p.grad).index_select(1, st["sel"]).float())  # a fresh tensor
+                    grads.append(as_columns(p.grad).index_select(1, st["sel"]).float())  # a fresh tensor
                     exp_avgs.append(st["d_exp_avg"])
                     exp_avg_sqs.append(st["d_exp_avg_sq"])
                     steps.append(st["d_step"])
@@ -256,7 +256,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             adamw_(masters, grads, exp_avgs, exp_avg_sqs, steps, _hyper(group))
             for p, st in writebacks:
                 if "host" in st:
-                    _as_columns(p).index_copy_(1, st["sel"], st["d_master"].to(p.dtype))
+                    as_columns(p).index_copy_(1, st["sel"], st["d_master"].to(p.dtype))
                 else:
                     p.copy_(st["master"])
 
@@ -281,7 +281,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             part: HostColumns = st["host"]
             staging = part.grad_staging[turn]
             self.observers.transfer("d2h", "grads", staging.numel() * p.grad.element_size())
-            grad = _as_columns(p.grad)
+            grad = as_columns(p.grad)
             if self.link.cuda:
                 done = self.link.gather_to_host(grad, st["unsel"], staging)  # gathers now, copies later
                 copies.append(GradCopy(part, staging, done=done))
@@ -347,10 +347,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if part is None or not part.staged:
                 continue
             part.staged = False
-            done = self.link.scatter_to_device(part.param_staging, st["unsel"], _as_columns(p), "params")
+            done = self.link.scatter_to_device(part.param_staging, st["unsel"], as_columns(p), "params")
             if done is not None:
                 self._upload_events.append(done)
-            shared.append(_as_columns(p))
+            shared.append(as_columns(p))
         if self.dp:  # every rank gets the columns the other ranks' hosts updated
             self.dp.share_blocks_(shared)
 
@@ -382,7 +382,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             if st["sel"].numel():
                 report.keys.append(key)
                 report.positions.append(position)
-                masses.append(_rms(_as_columns(p.grad).index_select(1, st["sel"])))
+                masses.append(_rms(as_columns(p.grad).index_select(1, st["sel"])))
             position += 1
         if masses:
             values = torch.stack(masses)
@@ -408,14 +408,15 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         for p in self._params():
             st = self.state[p]
             if "host" in st and p.grad is not None:
-                grad = _as_columns(p.grad)
+                grad = as_columns(p.grad)
                 k = num_selected(grad.shape[1], self.config.topk_ratio)
                 ranked = self.dp and 0 < k < grad.shape[1]  # none or every column: no scores needed
                 scores = self.dp.column_scores(grad, self.config.column_norm) if ranked else None
                 new_sel = select_columns(grad, k, self.config.column_norm, scores)
-                entering = new_sel[~torch.isin(new_sel, st["sel"])]  # the same on every rank
-                if self.dp and entering.numel():  # their averaged gradient is on their owner only
-                    self.dp.share_entering_gradients_(grad, entering)
+                if self.dp:  # newly selected columns: their averaged gradient is on their owner only
+                    entering = new_sel[~torch.isin(new_sel, st["sel"])]  # the same on every rank
+                    if entering.numel():
+                        self.dp.share_entering_gradients_(grad, entering)
                 move_columns(st, new_sel, self.link, _hyper(self._group_of(p)), p.dtype, self._n_accumulators,
                              self._n_staging, self.dp)
 
@@ -520,12 +521,7 @@ def _clip_coefficient(max_norm: float, total: torch.Tensor) -> torch.Tensor:
 def _offloads(p: torch.Tensor, st: dict) -> bool:
     """Whether this step sends columns of `p`'s gradient to the host (any rank's: with data parallelism a rank
     whose block holds none of them still counts the step, so every rank's host step count stays the same)."""
-    return p.grad is not None and "host" in st and st["sel"].numel() < _as_columns(p).shape[1]
-
-
-def _as_columns(t: torch.Tensor) -> torch.Tensor:
-    """View a parameter (or its gradient) as `[out, in]`: columns are dim 1."""
-    return t.view(t.shape[0], -1)
+    return p.grad is not None and "host" in st and st["sel"].numel() < as_columns(p).shape[1]
 
 
 def _rms(t: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ def move_columns(st: dict, new_sel: torch.Tensor, link: Link, hp: AdamWHyper, mo
         moved_down = _fetch(link, on_device_buffer.index_select(1, on_device[leaving].to(device)), kind)
         if dp:  # every rank needs the arriving columns; each is on one rank's host
             moved_up = dp.from_owners(host, entering, width, on_host).to(dp.device)  # nccl: on the GPU
-            dp.assemble_(moved_up, "moved_state")
+            dp.sum_(moved_up, "moved_state")
         else:
             moved_up = host.index_select(1, on_host[entering])
         if name != "master":  # keep bias-corrected moments exact across the move

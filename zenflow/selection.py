@@ -37,6 +37,11 @@ def select_columns(grad: torch.Tensor, k: int, norm: str = "l2", scores: torch.T
     return torch.sort(top).values
 
 
+def as_columns(t: torch.Tensor) -> torch.Tensor:
+    """A parameter (or its gradient) as `[out, in]` (higher ranks flattened): columns are dim 1."""
+    return t.view(t.shape[0], -1)
+
+
 def complement(selected: torch.Tensor, width: int) -> torch.Tensor:
     """The columns not in `selected`, ascending."""
     mask = torch.ones(width, dtype=torch.bool, device=selected.device)

@@ -39,9 +39,7 @@ def deepspeed_config(engine: str, zenflow_block: dict[str, Any], dtype: str, mic
     interval = interval if isinstance(interval, int) else 1  # "auto": no fixed frequency to match
     if engine in ("ds-zenflow", "ref-zenflow"):
         zero["zenflow"] = copy.deepcopy(zenflow_block)
-    elif engine == "ref-offload":
-        zero["zenflow"] = dict(OFFLOAD_BLOCK)
-    elif engine == "ref-offload-gas":  # gradients accumulated on the device for U steps, then one offload step
+    elif engine in ("ref-offload", "ref-offload-gas"):  # -gas: the gradient accumulation below, then one step
         zero["zenflow"] = dict(OFFLOAD_BLOCK)
     return {
         "train_micro_batch_size_per_gpu": micro_batch,

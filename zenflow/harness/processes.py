@@ -81,4 +81,3 @@ def bind_rank_cores() -> list[int]:
     mine = cores[rank * share:(rank + 1) * share] or cores[-share:]
     os.sched_setaffinity(0, mine)
     return mine
-
