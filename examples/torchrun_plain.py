@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -23,10 +24,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--global-batch", type=int, default=64)
     args = ap.parse_args()
-    cuda = torch.cuda.is_available()
+    cuda, local_rank = torch.cuda.is_available(), int(os.environ.get("LOCAL_RANK", 0))
+    if cuda and local_rank >= torch.cuda.device_count():  # one process per GPU; say so rather than "invalid ordinal"
+        sys.exit(f"local rank {local_rank} has no GPU of its own ({torch.cuda.device_count()} visible): start at "
+                 "most that many processes per node, or CUDA_VISIBLE_DEVICES= to run every rank on the CPU")
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)  # NCCL's communicator for this rank lives on its own GPU
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=5))
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     torch.manual_seed(0)  # same data stream on every rank; each takes its shard
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).to(device)
     target = torch.nn.Linear(64, 64).to(device)

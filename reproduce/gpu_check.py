@@ -21,6 +21,7 @@ import torch
 
 from zenflow.harness import cli_checks as cc
 from zenflow.harness import gpu_check as gc
+from zenflow.harness.pcie_check import pcie_check
 from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     small = {"widths": (1024,) * 3, "steps": 6} if args.smoke else {}  # a GPU host's `make test` stays short
     checks.append(gc.guarded("memory", gc.memory_check, cuda, **small))
     say("PCIe bytes, NVML vs ours")
-    checks.append(gc.guarded("pcie", gc.pcie_check, cuda, **small))
+    checks.append(gc.guarded("pcie", pcie_check, cuda, **small))
     plan = gc.engine_plan(cuda, args.smoke, args.llama7b_shapes)
     say(f"engines: {len(plan)} runs")
     engines = gc.guarded("engines", gc.run_engines, plan, out, cuda)

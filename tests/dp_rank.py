@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -56,6 +58,7 @@ def main() -> None:
     ap.add_argument("--ddp", action="store_true", help="wrap the model in DistributedDataParallel (handled: tested)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung rank's stacks: kill -USR1 <pid>
     args.out.mkdir(parents=True, exist_ok=True)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -103,8 +103,11 @@ def run_deepspeed(job: dict[str, Any], timeout: float = DS_TIMEOUT_S) -> dict[st
     with tempfile.TemporaryDirectory(prefix="ds-zenflow-") as tmp:
         src, dst = Path(tmp, "job.pt"), Path(tmp, "trace.pt")
         torch.save(job, src)
+        # The differential is a CPU proof: both sides on the CPU, tolerances set for the CPU's kernels. On a GPU host
+        # DeepSpeed would pick its CUDA accelerator while the job's tensors are on the CPU (seen on an H100,
+        # 2026-11-24); the CUDA path has its own differential (make gpu-check).
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-                   LOCAL_RANK="0", PYTHONWARNINGS="ignore")
+                   LOCAL_RANK="0", PYTHONWARNINGS="ignore", DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
         proc = subprocess.run([sys.executable, str(HERE), str(src), str(dst)], env=env, capture_output=True,
                               text=True, timeout=timeout)
         if not dst.exists():

