@@ -2,6 +2,7 @@
 # VENV= (empty): use the interpreter at hand ($(PYTHON), e.g. PYTHON=/opt/conda/bin/python) as it is: no virtual
 # environment, no pip, no network; `install` only checks the imports and prints what is missing (README).
 PYTHON ?= python3
+COMMA := ,
 VENV ?= .venv
 
 .PHONY: install test lint bench bench-compare reproduce-llama7b reproduce-glue project clean
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --no-build-isolation deepspeed==0.19.8
-	$(PY) -m pip install -q -e ".[harness,test]"
+	$(PY) -m pip install -q -e ".[harness,test$(if $(shell command -v nvidia-smi 2>/dev/null),$(COMMA)peers)]"
 	$(PY) -c "import torch, deepspeed, zenflow; print('torch', torch.__version__, '| deepspeed', deepspeed.__version__)"
 	touch $(STAMP)
 endif

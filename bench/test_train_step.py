@@ -31,6 +31,7 @@ import torch
 
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE
 from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.peer_engines import unavailable
 from zenflow.harness.runner import RunSpec
 from zenflow.harness.stepper import SteppedEngine
 
@@ -61,6 +62,9 @@ def test_train_step(benchmark, bench_records_dir: Path, workload: str, engine: s
         pytest.skip("smoke mode (--benchmark-disable): DeepSpeed engines take ~15 s each to start; "
                     "ZENFLOW_BENCH_SMOKE_DEEPSPEED=1 runs them too")
     shape = WORKLOADS[workload]
+    why_not = unavailable(engine, shape.get("device", "auto"))
+    if why_not:  # e.g. torchao-offload on the CPU: the table's "not run here", with its reason
+        pytest.skip(f"not run here: {why_not}")
     ds_config = deepspeed_config(engine, ZENFLOW_BLOCK, shape["dtype"], micro_batch=1, lr=2e-5, weight_decay=0.01,
                                  clipping=1.0, cuda=CUDA and shape.get("device") != "cpu")
     spec = RunSpec(engine=engine, label=f"bench/{workload}", workload=shape, ds_config=ds_config,

@@ -29,7 +29,7 @@ from zenflow.harness import cli_checks as cc
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE
 from zenflow.harness.engines import deepspeed_config
 from zenflow.harness.plans import PlannedRun, execute, report_existing
-from zenflow.harness.preflight import PreflightError, check_build_locks, check_cuda_usable
+from zenflow.harness.preflight import PreflightError, check_async_io, check_build_locks, check_cuda_usable
 from zenflow.harness.report import scenario_report
 from zenflow.harness.session import RunSpec
 from zenflow.telemetry.environment import capture_environment
@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     default=int(os.environ.get("NPROC") or 1),
                     help="ranks per run, every engine (default $NPROC, else 1): one per GPU on a GPU host, a share of "
                     "the cores each here (torchrun + gloo; DeepSpeed on GPUs: its launcher); one table per world size")
+    ap.add_argument("--nvme-path", type=cc.out_folder, default=None,
+                    help="ds-zero-infinity offloads parameters and optimizer to NVMe in this folder (default: the "
+                    "host's memory); needs DeepSpeed's async_io op (libaio)")
     ap.add_argument("--data", type=cc.data_source, default="auto", help="Alpaca JSON path, 'synthetic', or 'auto'")
     ap.add_argument("--repeats", type=cc.int_at_least(1), default=2, help="rounds; engines interleaved within each")
     ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=8)
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         check_cuda_usable()
         if any(e.startswith("ds-") for e in args.engines):
             check_build_locks()  # a stale DeepSpeed op-build lock would hang every ds run with no output
+        if args.nvme_path and "ds-zero-infinity" in args.engines:
+            check_async_io()  # without libaio every ZeRO-Infinity run would fail at its first swap
     except PreflightError as exc:
         return cc.refuse(str(exc))
     return execute(out, plan(args), cc.command_line("reproduce/llama7b.py", argv), report, resume=args.resume)
@@ -115,7 +120,8 @@ def plan(args: argparse.Namespace) -> list[PlannedRun]:
     planned = []
     for rep, engine, telemetry in runs:
         cfg = deepspeed_config(engine, DEEPSPEED_EXAMPLES_BLOCK, args.dtype, args.micro_batch, lr=2e-5,
-                               weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available() and args.device != "cpu")
+                               weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available() and args.device != "cpu",
+                               nvme_path=str(args.nvme_path) if args.nvme_path else None)
         spec = RunSpec(engine=engine, label="llama7b", workload=workload, ds_config=cfg, telemetry=telemetry,
                        num_gpus=args.nproc, extra={"repeat": rep}, warmup_steps=steps[0], timed_steps=steps[1])
         protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": -(-spec.timed_steps // spec.cycle) * spec.cycle,

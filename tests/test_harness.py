@@ -175,6 +175,10 @@ def test_reproduce_llama7b_smoke_runs_every_engine_and_writes_table_and_figure(t
     changed = {}
     for path in tmp_path.glob("*.json"):
         record = RunRecord.read(path)
+        if record.engine == "torchao-offload" and not torch.cuda.is_available():  # CUDA only: listed, with why
+            assert record.status == "skipped" and "CUDA" in record.error and "not run here" in text
+            continue
+        assert record.status == "ok", (record.engine, record.error)
         changed[record.engine] = record.protocol["weights_changed_at_init"]
         assert bool(record.protocol["weights_changed_at_init"]) == any("changed the values" in w
                                                                       for w in record.warnings)

@@ -209,8 +209,8 @@ def test_the_refusing_interpreter_fails_on_a_harness_package():
     assert "No module named 'tabulate'" in result.stderr
 
 
-@pytest.mark.parametrize("where,extras", [(HARNESS_CODE, ("harness", "deepspeed")),
-                                          (TEST_CODE, ("harness", "test", "deepspeed"))])
+@pytest.mark.parametrize("where,extras", [(HARNESS_CODE, ("harness", "deepspeed", "peers")),
+                                          (TEST_CODE, ("harness", "test", "deepspeed", "peers"))])
 def test_every_third_party_import_is_in_an_extra(where, extras):
     declared = {"torch"} | {name for e in extras for name in extra(e)}
     imports = third_party(py_files(*where))

@@ -9,10 +9,20 @@ from __future__ import annotations
 # The engines of DESIGN §3 (GLUE and gpu-check run these), and the same-update-frequency controls (issue 14):
 # ZeRO-Offload with gradient accumulation = the ZenFlow update interval, so its host optimizer runs as often as
 # ZenFlow's. ENGINES: all of them, in table order.
+# The peers a user would pick instead (issue 14): DeepSpeed's ZeRO-Infinity (ZeRO-3, parameters and optimizer on the
+# host) and Twin-Flow (ZeRO-3, a share of the optimizer on the host), PyTorch's FSDP2 with CPUOffloadPolicy and
+# torchao's CPUOffloadOptimizer (CUDA only: "not run here" on a CPU machine).
 CORE_ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
 CONTROL_ENGINES = ("ds-zero-offload-gas", "ref-offload-gas")
-ENGINES = ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ref-offload", "ref-offload-gas", "ref-zenflow",
-           "no-offload")
+PEER_ENGINES = ("ds-zero-infinity", "ds-twin-flow", "fsdp2-offload", "torchao-offload")
+ENGINES = ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ds-zero-infinity", "ds-twin-flow", "ref-offload",
+           "ref-offload-gas", "ref-zenflow", "fsdp2-offload", "torchao-offload", "no-offload")
+
+# Twin-Flow: the share of the optimizer's sub-groups DeepSpeed keeps on the host (offload_optimizer.ratio), and how
+# many sub-groups the model is cut into for it (DeepSpeed splits by whole sub-groups; its default sub_group_size of
+# 1e9 elements makes one group of any model under 1B parameters, and then the ratio has nothing to split).
+TWIN_FLOW_RATIO = 0.5
+TWIN_FLOW_SUB_GROUPS = 16
 
 # ZeRO-Offload expressed as a ZenFlow block: nothing selected, every step a synchronous host update.
 OFFLOAD_BLOCK = {"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, "overlap_step": False}

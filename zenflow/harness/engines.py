@@ -9,6 +9,10 @@
 | ds-zenflow        | the same + the zenflow block                                               |
 | ds-zero-offload-gas | ds-zero-offload with gradient_accumulation_steps = the update interval U  |
 | ref-offload-gas   | ref-offload with gradient accumulation U: every parameter every U steps    |
+| ds-zero-infinity  | DeepSpeed ZeRO stage 3, offload_param and offload_optimizer: cpu (or nvme) |
+| ds-twin-flow      | DeepSpeed ZeRO stage 3, offload_optimizer: cpu with ratio (Twin-Flow)      |
+| fsdp2-offload     | torch FSDP2 (fully_shard) with CPUOffloadPolicy, torch AdamW on the host (peer_engines.py) |
+| torchao-offload   | torchao CPUOffloadOptimizer around torch AdamW (CUDA only) (peer_engines.py) |
 
 Every engine gets the same DeepSpeed-style config dict (optimizer params, clipping, dtype, zenflow block), so the
 reference engines read exactly what DeepSpeed reads.
@@ -20,21 +24,32 @@ import copy
 import os
 import socket
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from zenflow import ZenFlowAdamW
-from zenflow.harness.configs import ENGINES, OFFLOAD_BLOCK
+from zenflow.harness.configs import ENGINES, OFFLOAD_BLOCK, TWIN_FLOW_RATIO, TWIN_FLOW_SUB_GROUPS
 from zenflow.telemetry.timeline import StepTimeline
 
 
 def deepspeed_config(engine: str, zenflow_block: dict[str, Any], dtype: str, micro_batch: int, lr: float,
-                     weight_decay: float, clipping: float, cuda: bool) -> dict[str, Any]:
-    """The DeepSpeed JSON every engine is built from (DeepSpeedExamples' ZenFlow fine-tuning settings)."""
+                     weight_decay: float, clipping: float, cuda: bool, nvme_path: str | None = None) -> dict[str, Any]:
+    """The DeepSpeed JSON every engine is built from (DeepSpeedExamples' ZenFlow fine-tuning settings); the peers
+    that are not DeepSpeed read its optimizer, clipping and dtype. `nvme_path`: ZeRO-Infinity offloads to NVMe."""
     if engine not in ENGINES:
         raise ValueError(f"engine = {engine!r} is not allowed: expected one of {ENGINES}")
     zero: dict[str, Any] = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": cuda}}
+    if engine == "ds-zero-infinity":
+        where = {"device": "nvme", "nvme_path": nvme_path} if nvme_path else {"device": "cpu"}
+        zero = {"stage": 3, "offload_optimizer": {**where, "pin_memory": cuda},
+                "offload_param": {**where, "pin_memory": cuda}}
+    elif engine == "ds-twin-flow":  # sub_group_size: "auto" is resolved by the engine (DeepSpeedEngine)
+        zero = {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": cuda, "ratio": TWIN_FLOW_RATIO},
+                "sub_group_size": "auto"}
+    elif engine in ("fsdp2-offload", "torchao-offload"):
+        zero = {"stage": 0}  # not DeepSpeed: only the optimizer, clipping and dtype below are read
     interval = zenflow_block.get("update_interval", 1)
     interval = interval if isinstance(interval, int) else 1  # "auto": no fixed frequency to match
     if engine in ("ds-zenflow", "ref-zenflow"):
@@ -75,6 +90,10 @@ class Engine:
 
     def optimizer_step(self) -> str:
         raise NotImplementedError
+
+    def weight_fingerprints(self) -> dict[str, torch.Tensor]:
+        """What make_engine compares with the model it was given (engines that shard parameters gather them)."""
+        return _weight_fingerprints(self.model)
 
     def transfer_bytes(self) -> dict[str, int] | None:
         return None  # not measured by the engine itself
@@ -159,6 +178,7 @@ class DeepSpeedEngine(Engine):
             repair_zenflow_weight_view()  # opt-in diagnosis of divergence G, recorded in the run's protocol
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
+        self.ds_config = _resolve_sub_groups(self.ds_config, self.model)
         self.engine, *_ = deepspeed.initialize(model=self.model, model_parameters=self.model.parameters(),
                                                config=self.ds_config)
         self.device = self.engine.device  # this rank's device (the launcher's LOCAL_RANK under multi-GPU)
@@ -184,8 +204,27 @@ class DeepSpeedEngine(Engine):
             return "warmup"
         return "update" if self.interval == 1 or since % self.interval == self.interval - 1 else "accumulate"
 
+    def weight_fingerprints(self) -> dict[str, torch.Tensor]:
+        """ZeRO-3 holds each parameter as a partition (the module's tensor is empty): gather them to compare."""
+        if self.ds_config["zero_optimization"].get("stage") != 3:
+            return _weight_fingerprints(self.model)
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
+            return _weight_fingerprints(self.model)
+
     def close(self) -> None:
         self.engine.destroy() if hasattr(self.engine, "destroy") else None
+
+
+def _resolve_sub_groups(ds_config: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """sub_group_size "auto" (ds-twin-flow): the model's parameters in TWIN_FLOW_SUB_GROUPS groups, so that
+    offload_optimizer.ratio has groups to split. The engine's config (and so the run record) holds the number."""
+    zero = ds_config["zero_optimization"]
+    if zero.get("sub_group_size") != "auto":
+        return ds_config
+    numel = sum(p.numel() for p in model.parameters())
+    return {**ds_config, "zero_optimization": {**zero, "sub_group_size": -(-numel // TWIN_FLOW_SUB_GROUPS)}}
 
 
 def make_engine(name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
@@ -195,12 +234,14 @@ def make_engine(name: str, model: torch.nn.Module, ds_config: dict[str, Any], ti
     `engine.weights_changed_at_init` the parameters whose values its construction changed (beyond the cast to the
     training dtype). It should be empty: a non-empty list means the model trains from other weights than the ones
     it was given (DeepSpeed 0.19.8 ZenFlow stage 1/2: divergence G)."""
-    kind = DeepSpeedEngine if name.startswith("ds-") else TorchEngine
+    from zenflow.harness.peer_engines import PEERS
+
+    kind = DeepSpeedEngine if name.startswith("ds-") else PEERS.get(name, TorchEngine)
     before = _weight_fingerprints(model)
     if repair_weight_view and kind is not DeepSpeedEngine:
         raise ValueError(f"repair_weight_view applies to DeepSpeed engines only, not {name!r}")
     engine = kind(name, model, ds_config, timeline, telemetry, repair_weight_view, device)
-    after = _weight_fingerprints(model)
+    after = engine.weight_fingerprints()
     engine.weights_changed_at_init = [n for n, v in before.items()
                                       if n in after and not torch.equal(v.to(after[n].dtype), after[n])]
     return engine
@@ -216,8 +257,12 @@ def init_warnings(engine: Engine) -> list[str]:
 
 def _weight_fingerprints(model: torch.nn.Module, samples: int = 1024) -> dict[str, torch.Tensor]:
     """About `samples` evenly strided elements of every parameter, copied to the host (cheap even for 7B)."""
+    return fingerprints(model.named_parameters(), samples)
+
+
+def fingerprints(named: Iterable[tuple[str, torch.Tensor]], samples: int = 1024) -> dict[str, torch.Tensor]:
     out = {}
-    for name, p in model.named_parameters():
+    for name, p in named:
         flat = p.detach().reshape(-1)
         out[name] = flat[:: max(1, flat.numel() // samples)].to("cpu", copy=True)
     return out

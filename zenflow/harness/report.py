@@ -10,7 +10,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, PEER_ENGINES
 from zenflow.harness.records import RunRecord
 
 BASELINE = "ds-zero-offload"
@@ -66,7 +66,7 @@ def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
         if r.status == "ok":
             by_engine.setdefault(r.engine, []).append(r)
         elif r.status == "skipped":
-            skipped[r.engine] = "not installed" if "not installed" in (r.error or "") else "skipped"
+            skipped[r.engine] = "not installed" if "not installed" in (r.error or "") else "not run here"
     rows = []
     for engine in sorted(set(by_engine) | set(skipped), key=engine_rank):
         if engine not in by_engine:
@@ -138,7 +138,7 @@ def figure(rows: list[dict[str, Any]], path: Path, title: str, subtitle: str) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [r for r in rows if r["cycle_mean_ms"]]
+    shown = [r for r in rows if r["cycle_mean_ms"] or r.get("note")]  # not run: an empty slot that says why
     names = [r["engine"] for r in shown]
     compute = [r["compute_ms"] or 0 for r in shown]
     io = [r["io_ms"] or 0 for r in shown]
@@ -149,16 +149,20 @@ def figure(rows: list[dict[str, Any]], path: Path, title: str, subtitle: str) ->
     ax.bar(names, io, bottom=compute, color=colors["io"], label="exposed I/O")
     ax.bar(names, stall, bottom=[c + i for c, i in zip(compute, io)], color=colors["stall"],
            label="stall (waiting for the host optimizer; DeepSpeed: incl. I/O)")
+    top = max(r["cycle_mean_ms"] or 0 for r in shown)
     for i, r in enumerate(shown):
+        if not r["cycle_mean_ms"]:
+            ax.text(i, top * 0.02, r["note"], ha="center", va="bottom", fontsize=9, rotation=90, color="0.4")
+            continue
         notes = []
-        if r["speedup"]:
+        if r.get("speedup"):
             notes.append(f"{r['speedup']:.2f}×")
-        if r["stall_reduction"] is not None:
+        if r.get("stall_reduction") is not None:
             notes.append(f"stall −{100 * r['stall_reduction']:.0f}%")
         ax.text(i, r["cycle_mean_ms"] * 1.02, "\n".join(notes), ha="center", va="bottom", fontsize=9,
                 fontweight="bold")
     ax.set_ylabel("time per step, ms (mean over whole update cycles)")
-    ax.set_ylim(0, max(r["cycle_mean_ms"] for r in shown) * 1.25)
+    ax.set_ylim(0, top * 1.25)
     ax.set_title(f"{title}\n{subtitle}", fontsize=10)
     ax.legend(fontsize=8, loc="upper right", frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
@@ -198,6 +202,20 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
     return "\n".join(text)
 
 
+def peer_notes(index: dict[str, dict[str, Any]]) -> list[str]:
+    """ZenFlow (ours and DeepSpeed's) against the systems a user would pick instead (configs.PEER_ENGINES)."""
+    peers = [p for p in PEER_ENGINES if p in index]
+    notes = []
+    for zen in ("ref-zenflow", "ds-zenflow"):
+        z = index.get(zen, {}).get("cycle_mean_ms")
+        if not z or not peers:
+            continue
+        said = [f"{p} {index[p]['cycle_mean_ms'] / z:.2f}×" if index[p]["cycle_mean_ms"] else f"{p} not run"
+                for p in peers]
+        notes.append(f"- {zen} speedup over the peers (step time ratio): {', '.join(said)}")
+    return notes
+
+
 def same_frequency_notes(index: dict[str, dict[str, Any]]) -> list[str]:
     """ZenFlow's gain over ZeRO-Offload at every-step updates and at the same update frequency (the -gas controls:
     gradient accumulation = the update interval), each family against its own offload engine."""
@@ -223,7 +241,7 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord]) -> list[s
                                        else " — the host optimizer costs about as much as compute." if ratio >= 0.9
                                        else " — compute dominates."))
     zen, bound, ds = index.get("ref-zenflow"), index.get("no-offload"), index.get("ds-zenflow")
-    notes += same_frequency_notes(index)
+    notes += same_frequency_notes(index) + peer_notes(index)
     if zen and bound and zen["cycle_mean_ms"] and bound["cycle_mean_ms"]:
         notes.append(f"- ref-zenflow / no-offload = {zen['cycle_mean_ms'] / bound['cycle_mean_ms']:.2f} (target ≤ 1.5)")
     if zen and ds and zen["cycle_mean_ms"] and ds["cycle_mean_ms"]:
@@ -245,7 +263,7 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord]) -> list[s
     failed = [f"{r.engine}" for r in records if r.status not in ("ok", "skipped")]
     if failed:
         notes.append(f"- FAILED runs (see their records): {', '.join(failed)}")
-    skipped = sorted({r.engine for r in records if r.status == "skipped"})
-    if skipped:
-        notes.append(f"- Not run: {', '.join(skipped)} (DeepSpeed is not installed in this environment)")
+    skipped = {r.engine: (r.error or "").split(" (in /")[0] for r in records if r.status == "skipped"}
+    for engine in sorted(skipped, key=engine_rank):
+        notes.append(f"- Not run: {engine}: {skipped[engine]}")
     return notes

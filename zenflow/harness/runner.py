@@ -11,7 +11,6 @@ memory), the parent writes a `status: "failed"` record with the exit code and th
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import signal
@@ -24,6 +23,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from zenflow.harness.peer_engines import unavailable
 from zenflow.harness.preflight import PreflightError, check_build_locks
 from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.records import RunRecord
@@ -36,8 +36,9 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
     group is stopped (SIGTERM, grace, SIGKILL: processes.py), so no rank or worker outlives the run."""
     out = Path(out)
     out.unlink(missing_ok=True)
-    if spec.engine.startswith("ds-") and importlib.util.find_spec("deepspeed") is None:
-        _skipped(spec, f"deepspeed not installed (in {sys.executable}): {spec.engine} needs it").write(out)
+    why_not = unavailable(spec.engine, spec.workload.get("device", "auto"))
+    if why_not:  # by design: the library is absent, or the engine cannot run on this device
+        _skipped(spec, f"{why_not} (in {sys.executable})").write(out)
         return RunRecord.read(out)
     if spec.engine.startswith("ds-"):
         try:
@@ -135,7 +136,8 @@ def _relay_stderr(proc: subprocess.Popen, tail: collections.deque) -> None:
 
 
 def _skipped(spec: RunSpec, reason: str) -> RunRecord:
-    """Not run, by design (an engine whose library is absent): tables show the engine as "not installed"."""
+    """Not run, by design (an engine whose library is absent, or that cannot run on this device): tables show the
+    engine as "not installed" or "not run here", with the reason."""
     return failed_record(spec, reason, status="skipped")
 
 

@@ -111,6 +111,7 @@ class Session:
         self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry,
                                   device=self.workload.device,
                                   repair_weight_view=bool(spec.extra.get("ds_repair_weight_view")))
+        self.record.config = self.engine.ds_config  # as the engine resolved it (e.g. Twin-Flow's sub_group_size)
         fixed = self.workload.steps
         self.warmup_steps = (min(spec.warmup_steps, fixed - 1) if fixed else spec.warmup_steps)
         timed = fixed - self.warmup_steps if fixed else -(-spec.timed_steps // spec.cycle) * spec.cycle  # cycles

@@ -1,0 +1,156 @@
+"""The PyTorch-native peers a user would pick instead of ZenFlow (issue 14), behind the same Engine interface.
+
+| engine          | what                                                                                        |
+|-----------------|---------------------------------------------------------------------------------------------|
+| fsdp2-offload   | `fully_shard` per decoder layer and at the root, `CPUOffloadPolicy`: parameters, gradients and |
+|                 | torch AdamW on the host, each layer's parameters copied to the device for its forward/backward |
+| torchao-offload | torchao's `CPUOffloadOptimizer` around torch AdamW: the optimizer and fp32 state on the host  |
+
+Both keep fp32 master weights as DeepSpeed does (the model is cast to fp32 and trains in the workload's dtype:
+FSDP2's MixedPrecisionPolicy, autocast for torchao), so the four offload systems update the same numbers. Neither
+can be split into copies and host work from outside, so, like DeepSpeed's, their step is booked as stall including
+I/O. `unavailable()` says why an engine cannot run in this environment; the run is then a "skipped" record that
+the table lists as "not run here" with that reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+from zenflow.harness.engines import Engine, _model_inputs, _single_process_env, fingerprints
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def unavailable(engine: str, device: str) -> str | None:
+    """Why `engine` cannot run here on `device` ("cpu", "cuda", "auto"), or None. Checked in the parent, before the
+    run's process starts, from what is installed and what the device is."""
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if engine.startswith("ds-") and importlib.util.find_spec("deepspeed") is None:
+        return f"deepspeed not installed: {engine} needs it"
+    if engine == "torchao-offload":
+        if not cuda:
+            return "torchao's CPUOffloadOptimizer runs on CUDA (or XPU) parameters only; this run's device is the CPU"
+        if importlib.util.find_spec("torchao") is None:  # the [peers] extra; `make` adds it where nvidia-smi is
+            return "torchao not installed: torchao-offload needs it (pip install -e '.[peers]')"
+    if engine == "fsdp2-offload":
+        try:
+            from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard  # noqa: F401  (torch >= 2.6)
+        except ImportError as exc:
+            return f"torch {torch.__version__} has no FSDP2 CPUOffloadPolicy ({exc})"
+    return None
+
+
+def _adamw(ds_config: dict[str, Any]) -> dict[str, Any]:
+    """torch AdamW's arguments from the config's optimizer block (every engine reads the same one)."""
+    p = ds_config["optimizer"]["params"]
+    return {"lr": p["lr"], "betas": tuple(p["betas"]), "eps": p["eps"], "weight_decay": p["weight_decay"]}
+
+
+def _start_group(device: torch.device) -> None:
+    """FSDP2 needs a process group, also for one process (torchrun sets the rendezvous for several)."""
+    if torch.distributed.is_initialized():
+        return
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        _single_process_env()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+
+class FSDP2Engine(Engine):
+    """fsdp2-offload: torch's own ZeRO-3 with the parameters, gradients and AdamW on the host."""
+
+    stall_includes_io = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        if self.device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        _start_group(self.device)
+        mesh = init_device_mesh(self.device.type, (torch.distributed.get_world_size(),))
+        dtype = DTYPES[_dtype(self.ds_config)]
+        self.model.float().to(self.device)  # fp32 master weights, as DeepSpeed keeps them
+        # pin_memory: the host copies are pinned on a GPU host; there is nothing to pin for on the CPU
+        policy = dict(mesh=mesh, offload_policy=CPUOffloadPolicy(pin_memory=self.device.type == "cuda"),
+                      mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
+        for layer in _layers(self.model):  # one all-gather per decoder layer, as FSDP is meant to be used
+            fully_shard(layer, **policy)
+        fully_shard(self.model, **policy)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), **_adamw(self.ds_config))  # where they are: host
+        self.clipping = self.ds_config["gradient_clipping"]
+
+    def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        loss = self.model(**_model_inputs(batch, self.device)).loss
+        loss.backward()
+        return loss
+
+    def optimizer_step(self) -> str:
+        if self.clipping > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return "update"
+
+    def weight_fingerprints(self) -> dict[str, torch.Tensor]:
+        """The sharded parameters (DTensors) gathered whole."""
+        return fingerprints((n, p.full_tensor() if hasattr(p, "full_tensor") else p)
+                            for n, p in self.model.named_parameters())
+
+
+class TorchAOEngine(Engine):
+    """torchao-offload: torchao's CPUOffloadOptimizer (the optimizer step and fp32 state on the host)."""
+
+    stall_includes_io = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from torchao.optim import CPUOffloadOptimizer
+
+        self.model.float().to(self.device)  # fp32 master weights; the forward runs in the workload's dtype
+        self.dtype = DTYPES[_dtype(self.ds_config)]
+        self.optimizer = CPUOffloadOptimizer(self.model.parameters(), torch.optim.AdamW, **_adamw(self.ds_config))
+        self.clipping = self.ds_config["gradient_clipping"]
+
+    def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        cast = (torch.autocast(self.device.type, dtype=self.dtype) if self.dtype != torch.float32
+                else contextlib.nullcontext())
+        with cast:
+            loss = self.model(**_model_inputs(batch, self.device)).loss
+        loss.backward()
+        return loss
+
+    def optimizer_step(self) -> str:
+        if self.clipping > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return "update"
+
+
+def _dtype(ds_config: dict[str, Any]) -> str:
+    return "bf16" if ds_config.get("bf16", {}).get("enabled") else "fp16" if ds_config.get("fp16", {}).get(
+        "enabled") else "fp32"
+
+
+def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of a Hugging Face causal LM or classifier (`model.model.layers`, `encoder.layer`), else the
+    model's direct children."""
+    for path in ("model.layers", "bert.encoder.layer", "encoder.layer"):
+        found: Any = model
+        for part in path.split("."):
+            found = getattr(found, part, None)
+        if found is not None:
+            return list(found)
+    return list(model.children())
+
+
+PEERS: dict[str, type[Engine]] = {"fsdp2-offload": FSDP2Engine, "torchao-offload": TorchAOEngine}
