@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_validation:
         run_validation(out / "validation", args.engines, args.repeats, tuple(args.seqs))
     if not args.no_calibrate or not (out / "calibration.json").exists():
-        subprocess.run([sys.executable, "-m", "zenflow.costmodel.calibrate"], check=True)
+        done = subprocess.run([sys.executable, "-m", "zenflow.costmodel.calibrate"])
+        if done.returncode:  # refused (spread beyond its bound: it said why) or failed; the committed one stays
+            return done.returncode
     cal = load_calibration(out / "calibration.json", hw)
     val, proj = validation(cal, hw), projection(cal)
     if val:

@@ -209,18 +209,67 @@ def test_deepspeed_stall_is_fitted_at_seq16_like_its_other_constants(folder: Pat
         assert r["predicted_stall_ms"] == pytest.approx(r["measured_stall_ms"], rel=1e-9)
 
 
-def test_calibration_smoke_gives_a_record_the_model_and_the_projection_can_use(tmp_path: Path) -> None:
-    """`make project`'s first step, on a tiny model in a child process (it pins threads and cores): the record
-    it writes loads, every calibrated input is positive, and both validation inputs and projection follow."""
+@pytest.fixture(scope="module")
+def two_smoke_calibrations(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """`make project`'s first step twice in a row, on a tiny model, each in a child process (it pins threads and
+    cores), as `make project` runs it."""
     import subprocess
     import sys
 
+    records = []
+    for i in range(2):
+        out = tmp_path_factory.mktemp(f"cal{i}") / "calibration.json"
+        done = subprocess.run([sys.executable, "-m", "zenflow.costmodel.calibrate", "--smoke", "--repeats", "3",
+                               "--rounds", "3", "--seqs", "8", "32", "--wait-quiet", "0", "--force", "--out",
+                               str(out)],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        records.append(presets.load_calibration(out))
+    return records
+
+
+def test_two_calibrations_in_a_row_agree(two_smoke_calibrations: list[dict]) -> None:
+    """Warm-up discarded, rounds in fresh processes, the fastest round: a second calibration reproduces the first
+    (issue 15). The tiny model's steps last 4-9 ms, where one scheduler tick is a tenth of a step, so its bound is
+    twice the real calibration's; and its sequences stop at 32, below the length where this VM's interference
+    showed (seq 128; docs/cost-model.md)."""
+    from zenflow.costmodel.calibrate import SPREAD_BOUND, agreement
+
+    first, second = two_smoke_calibrations
+    assert first["rounds"] == 3 and len(first["loops_by_round"]["offload_2t"]) == 3
+    assert agreement(first, second, bound=2 * SPREAD_BOUND) == []
+
+
+def test_a_calibration_beyond_its_spread_bound_is_refused_and_the_kept_one_stays(tmp_path: Path) -> None:
+    from zenflow.costmodel.calibrate import agreement, combine, keep_or_refuse, largest_spread
+
+    rounds = [{"threads": 1, "block": None, "forward_backward_ms": {"8": ms}, "step_parts_ms": {"total": 20.0}}
+              for ms in (140.0, 100.0, 125.0)]
+    loop, spread = combine(rounds)  # the fastest round; its spread: how far the second fastest is from it
+    assert loop["forward_backward_ms"] == {"8": 100.0} and spread["forward_backward_ms"]["8"] == pytest.approx(0.25)
+    assert largest_spread({"no_offload_2t": spread}) == (pytest.approx(0.25), "no_offload_2t forward_backward_ms 8")
+    record = {"loops": {"no_offload_2t": loop}, "largest_spread": 0.25, "largest_spread_at": "x",
+              "spread_bound": 0.15, "rounds": 3}
     out = tmp_path / "calibration.json"
-    done = subprocess.run([sys.executable, "-m", "zenflow.costmodel.calibrate", "--smoke", "--repeats", "1",
-                           "--wait-quiet", "0", "--out", str(out)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    cal = presets.load_calibration(out)
-    assert cal["calibration_seq_lens"] == [8, 32, 128]
+    out.write_text("committed\n")
+    assert keep_or_refuse(record, out) == 1
+    assert out.read_text() == "committed\n" and json.loads((tmp_path / "calibration.refused.json").read_text())
+    assert keep_or_refuse(record, out, force=True) == 0 and json.loads(out.read_text())["rounds"] == 3
+    other = json.loads(json.dumps(record))
+    other["loops"]["no_offload_2t"]["forward_backward_ms"]["8"] = 117.0  # 15.7% off the mean: beyond 15%
+    assert agreement(record, other) == ["no_offload_2t forward_backward_ms 8: 100.00 vs 117.00 ms"]
+    other["loops"]["no_offload_2t"]["forward_backward_ms"]["8"] = 115.0  # 14.0%: within
+    assert agreement(record, other) == []
+    other["loops"]["no_offload_2t"]["forward_backward_ms"]["8"] = 0.4  # sub-millisecond: measured against 1 ms
+    record["loops"]["no_offload_2t"]["forward_backward_ms"]["8"] = 0.3
+    assert agreement(record, other) == []
+
+
+def test_calibration_smoke_gives_a_record_the_model_and_the_projection_can_use(two_smoke_calibrations) -> None:
+    """The record the calibration writes loads, every calibrated input is positive, and both validation inputs
+    and projection follow."""
+    cal = two_smoke_calibrations[0]
+    assert cal["calibration_seq_lens"] == [8, 32]
     for seq in (4, 16, 512):
         x = presets.cpu_scale_inputs(cal, seq)
         assert min(x.fb_ms, x.fb_ms_overlap, x.adamw_gelem_s, x.accum_gelem_s, x.d2h_gbps, x.h2d_gbps) > 0
