@@ -13,13 +13,13 @@ Each constant is measured alone, outside any end-to-end run, on the machine at h
 So that it reproduces (issue 15): the loops run in `rounds` rounds, each a fresh process that first runs every loop
 once, discarded (first allocations, thread pools, the CPU kernels chosen for each new shape: without it the first
 round of a point came out up to 2.3x slow), then every loop, each dropping its first steps and giving the median of
-the rest. On this shared 2-core VM a point sometimes runs 1.6-1.9x slow for a whole round, and sometimes for every
-round of one process (one point 30-36 ms in all rounds of one process, 18-19 in every round of the next), so rounds
-are processes and each number is the fastest round's: the minimum is the estimator interference cannot lower (Chen
-and Revels, "Robust benchmarking in noisy environments", 2016). Its spread (how far the two fastest rounds are apart,
-relative to the fastest; differences under 1 ms not counted as relative) is recorded, and a calibration whose
-largest spread exceeds SPREAD_BOUND is refused: it is written beside the record as `calibration.refused.json` and the
-committed one stays (--force overrides). `agreement()` compares two records.
+the rest. On this shared 2-core VM one round in five or so is off for a whole process, in either direction (one
+process's 2-thread host AdamW 22 ms against 32.4-32.8 in the four others; a tiny model's seq-128 point 1.7x slow in
+every round of one process), so rounds are processes and each number is the median over them (five by default).
+Its spread, the range of the middle rounds (one round each way of five left out) relative to the median,
+differences under 1 ms not counted as relative, is recorded, and a calibration whose largest spread exceeds
+SPREAD_BOUND is refused: it is written beside the record as `calibration.refused.json` and the committed one stays
+(--force overrides). `agreement()` compares two records.
 
     python -m zenflow.costmodel.calibrate [--out results/costmodel/<hardware-id>/calibration.json]
 """
@@ -94,20 +94,22 @@ def _training_loop(w: Any, block: dict[str, Any] | None, threads: int, seqs: tup
 
 
 def _spread(values: list[float]) -> float:
-    """How far the two fastest rounds are apart, relative to the fastest (with the SPREAD_FLOOR_MS floor)."""
-    low = sorted(values)
-    return (low[1] - low[0]) / max(low[0], SPREAD_FLOOR_MS) if len(low) > 1 else 0.0
+    """The range of the middle rounds (a quarter of the rounds at each end left out: one each way of five), relative
+    to the median (with the SPREAD_FLOOR_MS floor)."""
+    ordered, cut = sorted(values), len(values) // 4
+    middle = ordered[cut:len(ordered) - cut]
+    return (middle[-1] - middle[0]) / max(statistics.median(values), SPREAD_FLOOR_MS)
 
 
 def combine(rounds: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One loop's rounds -> (the loop's record with every number the fastest round's, the spread of each)."""
+    """One loop's rounds -> (the loop's record with every number the median over the rounds, the spread of each)."""
     first = rounds[0]
     combined = {k: v for k, v in first.items() if k not in ("forward_backward_ms", "step_parts_ms")}
     spread: dict[str, Any] = {}
     for key in ("forward_backward_ms", "step_parts_ms"):
         names = sorted({n for r in rounds for n in r[key]}, key=str)
         values = {n: [r[key].get(n, 0.0) for r in rounds] for n in names}
-        combined[key] = {n: min(v) for n, v in values.items()}
+        combined[key] = {n: statistics.median(v) for n, v in values.items()}
         spread[key] = {n: _spread(v) for n, v in values.items()}
     return combined, spread
 
