@@ -269,9 +269,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="a tiny model (tests only; not a calibration)")
     ap.add_argument("--wait-quiet", type=float, default=180, help="wait up to this many seconds until no other "
                     "heavy job (training run, benchmark, compiler) runs on this machine")
+    ap.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), default=None,
+                    help=f"compare two calibration records: the numbers that differ by more than {AGREEMENT_BOUND:.0%}")
     ap.add_argument("--seqs", type=int, nargs="+", default=list(CAL_SEQS), help=argparse.SUPPRESS)
     ap.add_argument("--one-round", type=Path, default=None, help=argparse.SUPPRESS)  # a round's child process
     args = ap.parse_args(argv)
+    if args.compare:
+        a, b = (json.loads(p.read_text()) for p in args.compare)
+        differ = agreement(a, b)
+        print("\n".join(differ) if differ else f"agree within {AGREEMENT_BOUND:.0%} on every calibrated number")
+        return 1 if differ else 0
     if args.one_round:
         args.one_round.write_text(json.dumps(measure_round(args.smoke, tuple(args.seqs), args.repeats)))
         return 0

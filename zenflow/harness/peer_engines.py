@@ -63,10 +63,26 @@ def _start_group(device: torch.device) -> None:
     torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
 
-class FSDP2Engine(Engine):
-    """fsdp2-offload: torch's own ZeRO-3 with the parameters, gradients and AdamW on the host."""
+class HostAdamWEngine(Engine):
+    """What the two peers share: AdamW on the host, stepped (after clipping) as one opaque call."""
 
     stall_includes_io = True
+    optimizer: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.clipping = self.ds_config["gradient_clipping"]
+
+    def optimizer_step(self) -> str:
+        if self.clipping > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
+        self.optimizer.step()
+        self.optimizer.zero_grad()  # set_to_none (both optimizers' default)
+        return "update"
+
+
+class FSDP2Engine(HostAdamWEngine):
+    """fsdp2-offload: torch's own ZeRO-3 with the parameters, gradients and AdamW on the host."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -86,19 +102,11 @@ class FSDP2Engine(Engine):
             fully_shard(layer, **policy)
         fully_shard(self.model, **policy)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), **_adamw(self.ds_config))  # where they are: host
-        self.clipping = self.ds_config["gradient_clipping"]
 
     def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         loss = self.model(**_model_inputs(batch, self.device)).loss
         loss.backward()
         return loss
-
-    def optimizer_step(self) -> str:
-        if self.clipping > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return "update"
 
     def weight_fingerprints(self) -> dict[str, torch.Tensor]:
         """The sharded parameters (DTensors) gathered whole."""
@@ -106,10 +114,8 @@ class FSDP2Engine(Engine):
                             for n, p in self.model.named_parameters())
 
 
-class TorchAOEngine(Engine):
+class TorchAOEngine(HostAdamWEngine):
     """torchao-offload: torchao's CPUOffloadOptimizer (the optimizer step and fp32 state on the host)."""
-
-    stall_includes_io = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -118,7 +124,6 @@ class TorchAOEngine(Engine):
         self.model.float().to(self.device)  # fp32 master weights; the forward runs in the workload's dtype
         self.dtype = DTYPES[_dtype(self.ds_config)]
         self.optimizer = CPUOffloadOptimizer(self.model.parameters(), torch.optim.AdamW, **_adamw(self.ds_config))
-        self.clipping = self.ds_config["gradient_clipping"]
 
     def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         cast = (torch.autocast(self.device.type, dtype=self.dtype) if self.dtype != torch.float32
@@ -127,13 +132,6 @@ class TorchAOEngine(Engine):
             loss = self.model(**_model_inputs(batch, self.device)).loss
         loss.backward()
         return loss
-
-    def optimizer_step(self) -> str:
-        if self.clipping > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        return "update"
 
 
 def _dtype(ds_config: dict[str, Any]) -> str:
