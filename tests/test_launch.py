@@ -175,8 +175,10 @@ def test_a_table_refuses_to_mix_world_sizes_and_names_engines_and_sizes():
 
 
 def test_a_deepspeed_engine_without_deepspeed_is_a_not_installed_row_not_a_failure(tmp_path, monkeypatch):
-    real = runner.importlib.util.find_spec
-    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed"
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed"
                         else real(name, *a))
     record = run_in_subprocess(spec("ds-zenflow"), tmp_path / "ds.json")
     assert record.status == "skipped" and "deepspeed not installed" in record.error
