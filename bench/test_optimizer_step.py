@@ -9,9 +9,10 @@ ZenFlowAdamW sync, ZenFlowAdamW overlap, torch.optim.AdamW(fused=True) and the p
 *mean* is the amortised per-step cost (boundary steps included); the median is a typical non-boundary step.
 extra_info holds the parameter count, the configuration and, for ZenFlow, the bytes moved per timed step.
 
-Group "host-adamw": torch's fused AdamW (zenflow.adam.adamw_) on a flat fp32 buffer against a plain memory copy of
-the same traffic. AdamW reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq: 28 bytes per
-parameter. The copy bound is `dst.copy_(src)` with 14 bytes per parameter in each buffer (14 read + 14 written).
+Group "host-adamw": torch's fused AdamW (zenflow.adam.adamw_) and DeepSpeed's CPU Adam (the ZeRO-Offload
+baseline's host optimizer) on a flat fp32 buffer against a plain memory copy of the same traffic. AdamW reads
+param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq: 28 bytes per parameter. The copy bound is
+`dst.copy_(src)` with 14 bytes per parameter in each buffer (14 read + 14 written).
 extra_info holds the GB/s of each and the ratio adamw / copy bound. A copy also pays write-allocate traffic on its
 destination, which AdamW (writing back into buffers it has just read) does not, so AdamW can beat that "bound"; a
 third entry, an in-place read-modify-write pass over the same bytes (`buf.mul_(1.0)`), is the bound of AdamW's
@@ -155,6 +156,23 @@ def test_host_adamw(benchmark) -> None:
     benchmark.group = "host-adamw"
     benchmark.pedantic(update, rounds=HOST_ROUNDS, warmup_rounds=HOST_WARMUP_ROUNDS, iterations=1)
     _record_throughput(benchmark, "adamw", HOST_NUMEL)
+
+
+def test_host_deepspeed_cpu_adam(benchmark) -> None:
+    """DeepSpeed's CPU Adam (its AVX kernel, AdamW mode) on the same flat buffer and threads: the host optimizer
+    the paper's ZeRO-Offload baseline ran (issue 15: its rate per core beside torch's fused AdamW)."""
+    if benchmark.disabled and os.environ.get("ZENFLOW_BENCH_SMOKE_DEEPSPEED") != "1":
+        pytest.skip("smoke mode (--benchmark-disable): DeepSpeed's op load takes seconds; "
+                    "ZENFLOW_BENCH_SMOKE_DEEPSPEED=1 runs it too")
+    deepspeed_adam = pytest.importorskip("deepspeed.ops.adam", reason="deepspeed not installed")
+    gen = torch.Generator().manual_seed(2)
+    param = nn.Parameter(torch.randn(HOST_NUMEL, generator=gen))
+    param.grad = torch.randn(HOST_NUMEL, generator=gen) * 1e-2
+    opt = deepspeed_adam.DeepSpeedCPUAdam([param], lr=LR, betas=(HYPER.beta1, HYPER.beta2), eps=HYPER.eps,
+                                          weight_decay=WEIGHT_DECAY, adamw_mode=True)
+    benchmark.group = "host-adamw"
+    benchmark.pedantic(opt.step, rounds=HOST_ROUNDS, warmup_rounds=HOST_WARMUP_ROUNDS, iterations=1)
+    _record_throughput(benchmark, "deepspeed-cpu-adam", HOST_NUMEL)
 
 
 def test_host_copy_bound(benchmark) -> None:
