@@ -17,6 +17,9 @@ from typing import Any
 
 import torch
 
+from zenflow import ZenFlowAdamW
+from zenflow.harness.gpu_check import CASES, DIFF_HYPER, SmallNet, check, make_batches
+
 DIRECTIONS = ("d2h", "h2d")
 COUNTERS = {"d2h": "tx_bytes", "h2d": "rx_bytes"}  # the GPU's end of the link: TX = device to host
 TOLERANCE = 0.05
@@ -25,11 +28,6 @@ CALIBRATION_COPIES = 4
 # Between two calibration copies: longer than the sampler's longest gap between counter reads (~0.1 s with its rate
 # queries), so a 32-bit counter (4 GiB) never sees more than one 256 MiB copy between reads and cannot wrap unseen.
 CALIBRATION_PAUSE_S = 0.15
-
-
-def check(status: str, reason: str | None = None, **details: Any) -> dict[str, Any]:
-    assert status in ("pass", "fail", "not checked"), status
-    return {"name": "pcie", "status": status, "reason": reason, **details}
 
 
 def link_overhead(bus: list[str | None], nbytes: int = CALIBRATION_BYTES,
@@ -103,7 +101,7 @@ def verdict(ours: dict[str, int], overhead: dict[str, Any], dev: dict[str, Any],
     if dev.get("counters") != "nvml_fi":
         reasons.insert(0, f"counters unsupported: {dev.get('counter_errors')}")
     keep = ("name", "pci_bus_id", "counter_bits", "counter_max_gap_s", "wrap_ambiguous")
-    return check(status, "; ".join(reasons) or None, directions=rows, window_s=window, overhead=overhead,
+    return check("pcie", status, "; ".join(reasons) or None, directions=rows, window_s=window, overhead=overhead,
                  tolerance=TOLERANCE, **{("gpu" if k == "name" else k): dev.get(k) for k in keep})
 
 
@@ -111,9 +109,7 @@ def pcie_check(cuda: bool, widths: tuple[int, ...] = (4096,) * 5, steps: int = 1
     """The link's overhead from plain copies, then ref-offload (every column crosses both ways each step) inside
     an NVML window on this process's GPU, then an idle window of the same length."""
     if not cuda:
-        return check("not checked", "no CUDA: no PCIe link to count")
-    from zenflow import ZenFlowAdamW
-    from zenflow.harness.gpu_check import CASES, DIFF_HYPER, SmallNet, make_batches
+        return check("pcie", "not checked", "no CUDA: no PCIe link to count")
     from zenflow.telemetry.nvml import NvmlSampler, torch_pci_bus_ids
 
     bus = [(torch_pci_bus_ids() or [None])[torch.cuda.current_device()]]  # the run's own GPU (audit item 13)
@@ -140,7 +136,7 @@ def pcie_check(cuda: bool, widths: tuple[int, ...] = (4096,) * 5, steps: int = 1
         time.sleep(idle_s)
     res, quiet = sampler.result(), idle.result()
     if not res["available"] or not res["devices"]:
-        return check("not checked", f"NVML: {res.get('reason') or res.get('mapping_errors')}")
+        return check("pcie", "not checked", f"NVML: {res.get('reason') or res.get('mapping_errors')}")
     after = opt.transfer_bytes
     ours = {d: sum(n - before.get(k, 0) for k, n in after.items() if k[0] == d) for d in DIRECTIONS}
     return verdict(ours, overhead, res["devices"][0], (quiet.get("devices") or [{}])[0], window, idle_s)
