@@ -305,13 +305,17 @@ def _pin_deepspeed_to_cpu() -> None:
     os.environ["DS_ACCELERATOR"] = "cpu"
 
 
-def _join_ranks(device: torch.device) -> torch.device | None:
+def _join_ranks(device: torch.device, single: bool = False) -> torch.device | None:
     """Under torchrun (WORLD_SIZE > 1): start the default process group (nccl on GPUs, gloo on the CPU) and return
-    this rank's device; None for a single process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    this rank's device; None for a single process, unless `single` (FSDP2 needs a group of one): then that group on
+    a loopback rendezvous, and `device` as given."""
+    alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    if alone and not single:
         return None
+    if alone:
+        _single_process_env()
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = device if alone else torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")

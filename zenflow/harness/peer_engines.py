@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
 from typing import Any
 
 import torch
 
-from zenflow.harness.engines import Engine, _model_inputs, _single_process_env, fingerprints
+from zenflow.harness.engines import Engine, _join_ranks, _model_inputs, fingerprints
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -52,17 +51,6 @@ def _adamw(ds_config: dict[str, Any]) -> dict[str, Any]:
     return {"lr": p["lr"], "betas": tuple(p["betas"]), "eps": p["eps"], "weight_decay": p["weight_decay"]}
 
 
-def _start_group(device: torch.device) -> None:
-    """FSDP2 needs a process group, also for one process (torchrun sets the rendezvous for several)."""
-    if torch.distributed.is_initialized():
-        return
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        _single_process_env()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-
-
 class HostAdamWEngine(Engine):
     """What the two peers share: AdamW on the host, stepped (after clipping) as one opaque call."""
 
@@ -89,9 +77,7 @@ class FSDP2Engine(HostAdamWEngine):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-        if self.device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        _start_group(self.device)
+        self.device = _join_ranks(self.device, single=True)  # this rank's device; a process group even for one
         mesh = init_device_mesh(self.device.type, (torch.distributed.get_world_size(),))
         dtype = DTYPES[_dtype(self.ds_config)]
         self.model.float().to(self.device)  # fp32 master weights, as DeepSpeed keeps them
