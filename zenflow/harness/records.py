@@ -78,6 +78,16 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def skip_error(reason: str, interpreter: str) -> str:
+    """A skipped record's error: why the engine was not run, and in which interpreter (what was missing where)."""
+    return f"{reason} (in {interpreter})"
+
+
+def skip_reason(error: str | None) -> str:
+    """The reason in a skipped record's error, without the interpreter skip_error names (for tables)."""
+    return (error or "").rsplit(" (in ", 1)[0]
+
+
 def read_records(folder: str | Path) -> list[RunRecord]:
     return [RunRecord.read(p) for p in sorted(Path(folder).glob("*.json")) if not p.name.startswith(".")]
 

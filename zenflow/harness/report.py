@@ -11,7 +11,7 @@ from typing import Any
 from tabulate import tabulate
 
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, PEER_ENGINES
-from zenflow.harness.records import RunRecord
+from zenflow.harness.records import RunRecord, skip_reason
 
 BASELINE = "ds-zero-offload"
 # Each ZenFlow engine's stall reduction is measured against the offload engine of the same family.
@@ -263,7 +263,7 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord]) -> list[s
     failed = [f"{r.engine}" for r in records if r.status not in ("ok", "skipped")]
     if failed:
         notes.append(f"- FAILED runs (see their records): {', '.join(failed)}")
-    skipped = {r.engine: (r.error or "").split(" (in /")[0] for r in records if r.status == "skipped"}
+    skipped = {r.engine: skip_reason(r.error) for r in records if r.status == "skipped"}
     for engine in sorted(skipped, key=engine_rank):
         notes.append(f"- Not run: {engine}: {skipped[engine]}")
     return notes

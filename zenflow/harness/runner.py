@@ -26,7 +26,7 @@ from pathlib import Path
 from zenflow.harness.peer_engines import unavailable
 from zenflow.harness.preflight import PreflightError, check_build_locks
 from zenflow.harness.processes import start_group, stop_group
-from zenflow.harness.records import RunRecord
+from zenflow.harness.records import RunRecord, skip_error
 from zenflow.harness.session import RunSpec, Session, failed_record
 
 
@@ -38,7 +38,7 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
     out.unlink(missing_ok=True)
     why_not = unavailable(spec.engine, spec.workload.get("device", "auto"))
     if why_not:  # by design: the library is absent, or the engine cannot run on this device
-        _skipped(spec, f"{why_not} (in {sys.executable})").write(out)
+        _skipped(spec, skip_error(why_not, sys.executable)).write(out)
         return RunRecord.read(out)
     if spec.engine.startswith("ds-"):
         try:
