@@ -288,3 +288,31 @@ def _missing_validation_table() -> None:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"no committed validation table under {COSTMODEL} (CI must check it)")
     pytest.skip(f"no committed validation table under {COSTMODEL}")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--rounds", "0"], "argument --rounds: '0' is not allowed"),
+    (["--repeats", "x"], "argument --repeats: 'x' is not allowed"),
+    (["--compare", "/no/such/a.json", "/no/such/b.json"], "argument --compare: calibration record"),
+])
+def test_calibrate_refuses_bad_arguments_before_measuring(argv: list[str], message: str, capsys) -> None:
+    from zenflow.costmodel.calibrate import main as calibrate_main
+
+    with pytest.raises(SystemExit) as exit_:
+        calibrate_main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_calibrate_compare_says_whether_two_records_agree(tmp_path: Path, capsys) -> None:
+    from zenflow.costmodel.calibrate import main as calibrate_main
+
+    loop = {"forward_backward_ms": {"8": 100.0}, "step_parts_ms": {"total": 50.0}}
+    paths = []
+    for name, ms in (("a", 100.0), ("b", 110.0), ("c", 130.0)):
+        record = {"schema": "costmodel-calibration/1", "loops": {"no_offload_2t": {**loop, "forward_backward_ms":
+                                                                                  {"8": ms}}}}
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(record))
+    assert calibrate_main(["--compare", str(paths[0]), str(paths[1])]) == 0
+    assert calibrate_main(["--compare", str(paths[0]), str(paths[2])]) == 1
+    assert "no_offload_2t forward_backward_ms 8: 100.00 vs 130.00 ms" in capsys.readouterr().out

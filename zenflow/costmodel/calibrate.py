@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from zenflow.harness.cli_checks import int_at_least
 from zenflow.harness.configs import TINY_LLAMA_SHAPE
 from zenflow.telemetry.neighbours import NeighbourWatch, wait_until_quiet
 
@@ -263,20 +264,20 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description="Calibrate the cost model on this machine (≈1 minute).")
     ap.add_argument("--out", type=Path, default=None, help="default: results/costmodel/<hardware-id>/calibration.json")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds; each number is their median")
+    ap.add_argument("--repeats", type=int_at_least(1), default=5)
+    ap.add_argument("--rounds", type=int_at_least(1), default=ROUNDS,
+                    help="rounds, each a fresh process; each number is their median")
     ap.add_argument("--force", action="store_true", help=f"keep a calibration whose spread exceeds {SPREAD_BOUND}")
     ap.add_argument("--smoke", action="store_true", help="a tiny model (tests only; not a calibration)")
     ap.add_argument("--wait-quiet", type=float, default=180, help="wait up to this many seconds until no other "
                     "heavy job (training run, benchmark, compiler) runs on this machine")
-    ap.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), default=None,
+    ap.add_argument("--compare", type=_calibration_record, nargs=2, metavar=("A", "B"), default=None,
                     help=f"compare two calibration records: the numbers that differ by more than {AGREEMENT_BOUND:.0%}")
     ap.add_argument("--seqs", type=int, nargs="+", default=list(CAL_SEQS), help=argparse.SUPPRESS)
     ap.add_argument("--one-round", type=Path, default=None, help=argparse.SUPPRESS)  # a round's child process
     args = ap.parse_args(argv)
     if args.compare:
-        a, b = (json.loads(p.read_text()) for p in args.compare)
-        differ = agreement(a, b)
+        differ = agreement(*args.compare)
         print("\n".join(differ) if differ else f"agree within {AGREEMENT_BOUND:.0%} on every calibrated number")
         return 1 if differ else 0
     if args.one_round:
@@ -288,6 +289,17 @@ def main(argv: list[str] | None = None) -> int:
         record = calibrate(tuple(args.seqs), repeats=args.repeats, smoke=args.smoke, rounds=args.rounds)
     record["neighbour_busy_fraction"] = watch.busy_fraction
     return keep_or_refuse(record, out, args.force)
+
+
+def _calibration_record(value: str) -> dict[str, Any]:
+    """A `type=` for --compare: a calibration record of any machine, or one line saying what is wrong with it."""
+    from zenflow.costmodel.model import CostModelError
+    from zenflow.costmodel.presets import load_calibration
+
+    try:
+        return load_calibration(value, expect_hardware_id=None)
+    except CostModelError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def keep_or_refuse(record: dict[str, Any], out: Path, force: bool = False) -> int:
