@@ -230,14 +230,20 @@ def two_smoke_calibrations(tmp_path_factory: pytest.TempPathFactory) -> list[dic
 
 def test_two_calibrations_in_a_row_agree(two_smoke_calibrations: list[dict]) -> None:
     """Warm-up discarded, rounds in fresh processes, medians: a second calibration reproduces the first
-    (issue 15). The tiny model's steps last 4-9 ms, where one scheduler tick is a tenth of a step, so its bound is
-    twice the real calibration's; and its sequences stop at 32, below the length where this VM's interference
-    showed (seq 128; docs/cost-model.md)."""
-    from zenflow.costmodel.calibrate import AGREEMENT_BOUND, agreement
+    (issue 15), on every number both measured within their spread bound. The calibrations are forced (--force), so
+    a number whose rounds split between this VM's two speeds (2-thread host AdamW, 1.5x apart per process: seen
+    here as 1.56 vs 2.38 ms in one CI run) is left to the refusal that a real calibration would make. The tiny
+    model's steps last 2-9 ms, where one scheduler tick is a tenth of a step, so its bound is twice the real
+    calibration's; its sequences stop at 32, below the length where this VM's interference showed (seq 128)."""
+    from zenflow.costmodel.calibrate import AGREEMENT_BOUND, agreement, unstable
 
     first, second = two_smoke_calibrations
     assert first["rounds"] == 3 and len(first["loops_by_round"]["offload_2t"]) == 3
-    assert agreement(first, second, bound=2 * AGREEMENT_BOUND) == []
+    numbers = [(loop, key, name) for loop in first["loops"] for key in ("forward_backward_ms", "step_parts_ms")
+               for name in first["loops"][loop][key]]
+    compared = [n for n in numbers if not (unstable(first, *n) or unstable(second, *n))]
+    assert len(compared) >= len(numbers) // 2, first["spread"]  # the check cannot pass on (almost) nothing
+    assert agreement(first, second, bound=2 * AGREEMENT_BOUND, stable_only=True) == []
 
 
 def test_a_calibration_beyond_its_spread_bound_is_refused_and_the_kept_one_stays(tmp_path: Path) -> None:

@@ -126,13 +126,23 @@ def largest_spread(spreads: dict[str, Any]) -> tuple[float, str]:
     return max(found) if found else (0.0, "nothing")
 
 
-def agreement(a: dict[str, Any], b: dict[str, Any], bound: float = AGREEMENT_BOUND) -> list[str]:
+def unstable(record: dict[str, Any], loop: str, key: str, name: str) -> bool:
+    """Whether the record's own rounds spread this number beyond its bound (what a refusal is for)."""
+    spread = record.get("spread", {}).get(loop, {}).get(key, {}).get(name, 0.0)
+    return spread > record.get("spread_bound", SPREAD_BOUND)
+
+
+def agreement(a: dict[str, Any], b: dict[str, Any], bound: float = AGREEMENT_BOUND,
+              stable_only: bool = False) -> list[str]:
     """The calibrated numbers on which two calibration records differ by more than `bound` (relative to their mean,
-    differences under SPREAD_FLOOR_MS not counted as relative); empty when they agree."""
+    differences under SPREAD_FLOOR_MS not counted as relative); empty when they agree. `stable_only`: compare only
+    the numbers both records measured within their spread bound (forced records: the rest is what refusal is for)."""
     out = []
     for loop in a["loops"]:
         for key in ("forward_backward_ms", "step_parts_ms"):
             for name, x in a["loops"][loop][key].items():
+                if stable_only and (unstable(a, loop, key, name) or unstable(b, loop, key, name)):
+                    continue
                 y = b["loops"][loop][key].get(name, 0.0)
                 if abs(x - y) / max((x + y) / 2, SPREAD_FLOOR_MS) > bound:
                     out.append(f"{loop} {key} {name}: {x:.2f} vs {y:.2f} ms")
