@@ -68,6 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=cc.float_at_least(0.0), default=1e-4)
     ap.add_argument("--dtype", default="fp32" if not torch.cuda.is_available() else "bf16",
                     choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--update-interval", type=cc.int_at_least(1), default=GLUE_BLOCK["update_interval"],
+                    help="ZenFlow engines: steps between host updates (how stale the host part gets; "
+                    "default %(default)s)")
+    ap.add_argument("--topk-ratio", type=cc.float_at_least(0.0, strict=True), default=GLUE_BLOCK["topk_ratio"],
+                    help="ZenFlow engines: share of columns updated on the device every step (default %(default)s)")
     ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=4,
                     help="training steps left out of the step-time stats")
     ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/glue/<hardware-id>")
@@ -80,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     for option in ("--tasks", "--engines", "--seeds"):
         cc.distinct(ap, option, getattr(args, option[2:]))
+    if args.topk_ratio > 1.0:
+        ap.error(f"argument --topk-ratio: {args.topk_ratio!r} is not allowed: expected a number in (0, 1]")
     if args.full and args.train_examples:
         ap.error(f"argument --train-examples: {args.train_examples} with --full: expected one of them (--full trains "
                  "on whole training sets)")
@@ -123,7 +130,8 @@ def plan(args: argparse.Namespace, tasks: list[str], model: str) -> list[Planned
                             "train_examples": n, "eval_examples": args.eval_examples,
                             "epochs": args.epochs or (3 if args.full else 1), "seq_len": args.seq_len,
                             "micro_batch": args.micro_batch, "dtype": args.dtype, "seed": seed, "data_seed": 0}
-                cfg = deepspeed_config(engine, GLUE_BLOCK, args.dtype, args.micro_batch, lr=args.lr,
+                block = {**GLUE_BLOCK, "update_interval": args.update_interval, "topk_ratio": args.topk_ratio}
+                cfg = deepspeed_config(engine, block, args.dtype, args.micro_batch, lr=args.lr,
                                        weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available())
                 extra = {"seed": seed, **({"ds_repair_weight_view": True}
                                           if args.ds_repair_weight_view and engine == "ds-zenflow" else {})}

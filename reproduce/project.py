@@ -5,8 +5,11 @@
     python reproduce/project.py --run-validation  # also (re)run the cpu-scale validation runs (≈30 min)
 
 Output in results/costmodel/<hardware-id>/: calibration.json, validation.md/.csv/.png (predicted vs measured),
-projection.md/.csv/.png (PROJECTED GPU step times beside the paper's Figure 1 values). The logic lives in
-zenflow/costmodel/ (validate.py, projection.py, tables.py).
+projection.md/.csv/.png (PROJECTED GPU step times beside the paper's Figure 1 values), projection-band.md/.csv (the
+projection as a band over host assumptions, and at the same update frequency), inverse.md/.json (the inputs the
+published step times imply) and sensitivity.png (speedup against the host/compute ratio, published points on it).
+host-adam.json (DeepSpeed's CPU Adam beside torch's, `python -m zenflow.costmodel.host_adam`) is read when present.
+The logic lives in zenflow/costmodel/ (validate.py, projection.py, inverse.py, sensitivity.py, tables.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 from pathlib import Path
 
 from zenflow.costmodel.presets import load_calibration
-from zenflow.costmodel.projection import projection
+from zenflow.costmodel.projection import projection, write_falsifiable
 from zenflow.costmodel.tables import projection_figure, validation_figure, write_projection, write_validation
 from zenflow.costmodel.validate import EXTRA_SEQS, run_validation, validation
 from zenflow.harness import cli_checks as cc
@@ -70,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no validation records for {hw}: run `python reproduce/project.py --run-validation`\n")
     print(write_projection(proj, out, cal))
     projection_figure(proj, out)
+    inv = write_falsifiable(cal, val, out)
+    print(f"\ninverse check, band and sensitivity figure (PROJECTED): {out}/inverse.md, projection-band.md, "
+          f"sensitivity.png; the blog's ρ {inv['rho_blog']:.0f} against our projection's {inv['projection_rho']:.2f}")
     return 0
 
 

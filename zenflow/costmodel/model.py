@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-ENGINES = ("no-offload", "zero-offload", "zero-offload-dpu", "zenflow-sync", "zenflow-overlap")
+ENGINES = ("no-offload", "zero-offload", "zero-offload-dpu", "zero-offload-gas", "zenflow-sync", "zenflow-overlap")
 
 
 class CostModelError(ValueError):
@@ -103,13 +103,17 @@ def transfer_bytes(n: float, b: float, r: float, interval: int) -> float:
 
 
 def predict(x: Inputs, engine: str, block: Block | None = None) -> Prediction:
-    """Steady-state step times of one engine; `block` sets topk_ratio / update_interval for the ZenFlow engines."""
+    """Steady-state step times of one engine; `block` sets topk_ratio / update_interval for the ZenFlow engines and
+    the accumulation of zero-offload-gas (ZeRO-Offload at ZenFlow's update frequency: every gradient copied down
+    and summed on the host each step, one host AdamW per update_interval steps: the same-frequency control)."""
     n, b = x.column_params, x.dtype_bytes
     if engine == "no-offload":
         t = (x.fb_ms if x.fb_ms_no_offload is None else x.fb_ms_no_offload) + x.device_opt_ms
         return Prediction(engine, None, t, t, t, 0.0, 0.0, 0.0)
     if engine in ("zero-offload", "zero-offload-dpu"):
         block = Block(0.0, 1, engine == "zero-offload-dpu")
+    elif engine == "zero-offload-gas":
+        block = Block(0.0, (block or Block()).update_interval, False)
     elif engine in ("zenflow-sync", "zenflow-overlap"):
         block = replace(block or Block(), overlap_step=engine == "zenflow-overlap")
     else:

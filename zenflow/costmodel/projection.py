@@ -3,6 +3,8 @@ Figure 1. Everything here is PROJECTED (docs/cost-model.md); nothing is fitted t
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from zenflow.costmodel.model import predict
@@ -29,3 +31,28 @@ def projection(cal: dict[str, Any]) -> list[dict[str, Any]]:
                          "speedup_micro_batch_1": speedup_mb1,
                          "paper_speedup": PAPER[gpu][0], "paper_stall": PAPER[gpu][1]})
     return rows
+
+
+def write_falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """The inverse check (inverse.md/.json), the band (projection-band.md/.csv) and sensitivity.png, from the
+    calibration, this machine's host-adam.json (when there is one) and the validation rows; returns inverse.json."""
+    from zenflow.costmodel import host_adam, inverse
+    from zenflow.costmodel import sensitivity as sens
+    from zenflow.costmodel.tables import sensitivity_figure, write_band, write_inverse
+
+    deepspeed_per_core = host_adam.per_core_ratio(host_adam.load_host_adam(out / "host-adam.json"))
+    inv = inverse.inverse_check(cal, deepspeed_per_core)
+    (out / "inverse.json").write_text(json.dumps(inv, indent=1) + "\n")
+    write_inverse(inv, out)
+    band_rows = sens.band(cal, deepspeed_per_core, inv["host_adamw_gelem_s_per_gpu"])
+    write_band(band_rows, out, deepspeed_per_core)
+    x = gpu_inputs("llama2-7b", "a100", *host_rates_per_core(cal))
+    curves = {u: sens.curve(x, u) for u in sens.INTERVALS}
+    placements = {"paper A100": sens.placed(curves[4], *inverse.PAPER_FIG1["a100"]),
+                  "paper H100": sens.placed(curves[4], *inverse.PAPER_FIG1["h100"]),
+                  "Intel 2×A100": sens.placed(curves[4], *inverse.INTEL["speedup"])}
+    inv["placements"] = placements
+    (out / "inverse.json").write_text(json.dumps(inv, indent=1) + "\n")
+    sensitivity_figure(curves, sens.curve(inverse.free_accumulation(x), 4), placements, sens.measured_points(val),
+                       band_rows, inv["rho_blog"], out)
+    return inv
