@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from zenflow.costmodel.presets import load_calibration
-from zenflow.costmodel.projection import projection
+from zenflow.costmodel.projection import projection, write_falsifiable
 from zenflow.costmodel.tables import write_projection, write_validation
 from zenflow.costmodel.validate import validation
 from zenflow.harness import gpu_check
 from zenflow.harness.glue.report import parity_report
+from zenflow.harness.glue.study import SETTINGS, study_report
 from zenflow.harness.records import read_records
 from zenflow.harness.report import scenario_report
 from zenflow.harness.scaling import scaling_report
@@ -38,10 +39,19 @@ def test_llama_table_regenerates_byte_identical(folder: Path, tmp_path: Path, ca
     _same_files(folder, tmp_path, ("table.md", "table.csv"))
 
 
-@pytest.mark.parametrize("folder", _sets("glue/**/table.md"), ids=lambda p: str(p.relative_to(RESULTS / "glue")))
+@pytest.mark.parametrize("folder", [p for p in _sets("glue/**/table.md") if p.name != "study"],
+                         ids=lambda p: str(p.relative_to(RESULTS / "glue")))
 def test_glue_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     parity_report(read_records(folder), tmp_path, NO_ENV)
     _same_files(folder, tmp_path, ("table.md", "table.csv", "parity.csv"))
+
+
+@pytest.mark.parametrize("folder", _sets("glue/*/study/table.md"), ids=lambda p: p.parent.name)
+def test_glue_study_table_regenerates_byte_identical(folder: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    settings = {name: read_records(folder / name) for name in SETTINGS if (folder / name).is_dir()}
+    study_report(read_records(folder.parent), settings, tmp_path)
+    _same_files(folder, tmp_path, ("table.md", "table.csv"))
 
 
 @pytest.mark.parametrize("folder", _sets("scaling/*/table.md"), ids=lambda p: p.name)
@@ -59,6 +69,9 @@ def test_costmodel_tables_regenerate_byte_identical(folder: Path, tmp_path: Path
         write_validation(rows, tmp_path, cal)
     write_projection(projection(cal), tmp_path, cal)
     _same_files(folder, tmp_path, ("validation.md", "validation.csv", "projection.md", "projection.csv"))
+    if (folder / "inverse.md").exists():  # issue 15: the inverse check, the band and the figure's inputs
+        write_falsifiable(cal, rows, tmp_path, folder / "host-adam.json")
+        _same_files(folder, tmp_path, ("inverse.md", "inverse.json", "projection-band.md", "projection-band.csv"))
 
 
 @pytest.mark.parametrize("folder", _sets("gpu-check/*/gpu-check.json"), ids=lambda p: p.name)

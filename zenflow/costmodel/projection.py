@@ -33,14 +33,16 @@ def projection(cal: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+def write_falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], out: Path,
+                      host_adam_record: Path | None = None) -> dict[str, Any]:
     """The inverse check (inverse.md/.json), the band (projection-band.md/.csv) and sensitivity.png, from the
     calibration, this machine's host-adam.json (when there is one) and the validation rows; returns inverse.json."""
     from zenflow.costmodel import host_adam, inverse
     from zenflow.costmodel import sensitivity as sens
     from zenflow.costmodel.tables import sensitivity_figure, write_band, write_inverse
 
-    deepspeed_per_core = host_adam.per_core_ratio(host_adam.load_host_adam(out / "host-adam.json"))
+    record = host_adam.load_host_adam(host_adam_record or out / "host-adam.json")
+    deepspeed_per_core = host_adam.per_core_ratio(record)
     inv = inverse.inverse_check(cal, deepspeed_per_core)
     (out / "inverse.json").write_text(json.dumps(inv, indent=1) + "\n")
     write_inverse(inv, out)
