@@ -33,9 +33,17 @@ EXAMPLE_SOURCE = ("DeepSpeedExamples ZenFlow Llama-2 fine-tuning README (seeds/0
                   "stated (taken as the blog's 4x A100)")
 EXAMPLE_FULL_UPDATE_MS = 4000.0
 PAPER_FIG1 = {"a100": (4.6, 5.1), "h100": (3.2, 4.1)}  # arXiv 2505.12242 Fig. 1, Llama-2-7B (issue 6's ranges)
-INTEL = {"gpu": "a100", "world": 2, "model": "qwen2.5-3b", "speedup": (2.0, 2.6),
-         "source": "Intel's core-binding blog: ZenFlow 2.0-2.6x over ZeRO-Offload, Qwen2.5-3B on 2x A100 (as quoted "
-                   "in issue 15)"}
+# Intel's core-binding study (DeepSpeed repository, blogs/zenflow-corebinding): 2x DGX-A100-SXM4-40GB GPUs with
+# 2x AMD EPYC 7742 (128 cores) for the 2 GPUs, DeepSpeedExamples' ZenFlow fine-tuning, batch 8 (4 per GPU),
+# topk 0.1, update interval 4, overlap. Qwen2.5-3B: ZeRO-Offload 2887 ms (2497 with --bind_cores_to_rank), ZenFlow
+# 1419 ms (1116 with both bindings): 2.03-2.59x. Qwen2.5-1.5B, both bound: ZeRO-2 without offload 240 ms,
+# ZeRO-Offload 1365 ms, ZenFlow 569 ms: the one published case with ρ and the speedup both measured.
+INTEL = {"gpu": "a100", "world": 2, "model": "qwen2.5-3b", "speedup": (2.03, 2.59), "cores_per_gpu": 64,
+         "host_mem_gbps_per_gpu": 409.6 / 2,  # 2 sockets x 8 channels DDR4-3200, for 2 GPUs
+         "small_model": "qwen2.5-1.5b", "no_offload_ms": 240.0, "zero_offload_ms": 1365.0, "zenflow_ms": 569.0,
+         "source": "Intel's ZenFlow core-binding study (DeepSpeed repository, blogs/zenflow-corebinding): 2x A100-40GB,"
+                   " 128 EPYC 7742 cores for 2 GPUs; Qwen2.5-3B ZeRO-Offload 2887/2497 ms vs ZenFlow 1419/1116 ms; "
+                   "Qwen2.5-1.5B no-offload 240 ms, ZeRO-Offload 1365 ms, ZenFlow 569 ms"}
 MFU_BAND = (0.3, 0.4, 0.5)
 
 
@@ -54,16 +62,18 @@ def solve(f: Callable[[float], float], target: float, low: float, high: float, s
     return (low * high) ** 0.5
 
 
-def blog_inputs(adamw_per_core: float, accum_per_core: float, mfu: float) -> tuple[Inputs, float]:
-    """The blog's step on the A100 preset: micro-batch (of 512 tokens) such that the no-offload step is 0.5 s."""
-    def no_offload(mb: float) -> float:
-        return predict(gpu_inputs(BLOG["model"], BLOG["gpu"], adamw_per_core, accum_per_core, micro_batch=mb,
-                                  mfu=mfu, world_size=BLOG["world"]), "no-offload").cycle_ms
-    mb = solve(no_offload, BLOG["no_offload_ms"], 1.0, 256.0)
-    if mb is None:  # fewer than 512 tokens per GPU: still a number, the shortest allowed step
-        mb = 1.0
-    return gpu_inputs(BLOG["model"], BLOG["gpu"], adamw_per_core, accum_per_core, micro_batch=mb, mfu=mfu,
-                      world_size=BLOG["world"]), mb * 512
+def blog_inputs(adamw_per_core: float, accum_per_core: float, mfu: float, case: dict[str, Any] = BLOG,
+                model: str | None = None) -> tuple[Inputs, float]:
+    """A published step on its GPU preset: the micro-batch (of 512 tokens) that makes the no-offload step as long
+    as published (the blog's 0.5 s by default)."""
+    model = model or case["model"]
+
+    def at(mb: float) -> Inputs:
+        return gpu_inputs(model, case["gpu"], adamw_per_core, accum_per_core, micro_batch=mb, mfu=mfu,
+                          world_size=case["world"])
+    mb = solve(lambda mb: predict(at(mb), "no-offload").cycle_ms, case["no_offload_ms"], 1.0, 256.0)
+    mb = mb or 1.0  # fewer than 512 tokens per GPU: the shortest step the preset allows
+    return at(mb), mb * 512
 
 
 def host_rate_for(x: Inputs, zero_offload_ms: float) -> float | None:
@@ -96,6 +106,7 @@ def inverse_check(cal: dict[str, Any], deepspeed_per_core: float | None) -> dict
              ("accumulation free", free_accumulation(with_host_rate(x, rate_free)) if rate_free else None),
              ("example's 4 s update", with_host_rate(x, rate_example) if rate_example else None))
     forward = {name: _forward(inputs) for name, inputs in cases if inputs}
+    intel = _intel(adamw, accum)
     needed = solve(lambda alpha: _speedup_at(x, alpha), PAPER_FIG1["a100"][0], 1e-4, 10.0)
     return {"tokens_per_gpu": tokens, "tokens_per_gpu_mfu_band": dict(zip(MFU_BAND, tokens_band)),
             "projection_tokens_per_gpu": GPU_SEQ * GPU_MICRO_BATCH,
@@ -112,7 +123,20 @@ def inverse_check(cal: dict[str, Any], deepspeed_per_core: float | None) -> dict
             "example_cycle_ms": (3 * acc_ms + upd_ms) / 4, "link_gbps": link, "preset_link_gbps": g["link_gbps"],
             "example_full_update_ms": EXAMPLE_FULL_UPDATE_MS, "forward": forward,
             "accumulate_over_adamw_needed": needed,
-            "paper_a100": PAPER_FIG1["a100"]}
+            "paper_a100": PAPER_FIG1["a100"], "intel": intel}
+
+
+def _intel(adamw: float, accum: float) -> dict[str, Any]:
+    """Intel's Qwen2.5-1.5B case, ρ and speedup both measured: the host rate it implies, and the model's speedup at
+    its tokens and host rate against the measured one."""
+    x, tokens = blog_inputs(adamw, accum, 0.4, INTEL, INTEL["small_model"])
+    rate = host_rate_for(x, INTEL["zero_offload_ms"])
+    predicted = _forward(with_host_rate(x, rate)) if rate else None
+    rho = (INTEL["zero_offload_ms"] - INTEL["no_offload_ms"]) / INTEL["no_offload_ms"]
+    return {"tokens_per_gpu": tokens, "rho": rho,
+            "speedup": INTEL["zero_offload_ms"] / INTEL["zenflow_ms"], "host_adamw_gelem_s_per_gpu": rate,
+            "cores_per_gpu": INTEL["cores_per_gpu"], "predicted": predicted,
+            "host_cap_gelem_s": INTEL["host_mem_gbps_per_gpu"] / BYTES_HOST_ADAMW}
 
 
 def _speedup_at(x: Inputs, alpha: float) -> float:

@@ -44,17 +44,15 @@ def write_falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], out: Path,
     record = host_adam.load_host_adam(host_adam_record or out / "host-adam.json")
     deepspeed_per_core = host_adam.per_core_ratio(record)
     inv = inverse.inverse_check(cal, deepspeed_per_core)
+    x = gpu_inputs("llama2-7b", "a100", *host_rates_per_core(cal))
+    curves = {u: sens.curve(x, u) for u in sens.INTERVALS}
+    inv["placements"] = {"paper A100": sens.placed(curves[4], *inverse.PAPER_FIG1["a100"]),
+                         "paper H100": sens.placed(curves[4], *inverse.PAPER_FIG1["h100"]),
+                         "Intel Qwen2.5-3B": sens.placed(curves[4], *inverse.INTEL["speedup"])}
     (out / "inverse.json").write_text(json.dumps(inv, indent=1) + "\n")
     write_inverse(inv, out)
     band_rows = sens.band(cal, deepspeed_per_core, inv["host_adamw_gelem_s_per_gpu"])
     write_band(band_rows, out, deepspeed_per_core)
-    x = gpu_inputs("llama2-7b", "a100", *host_rates_per_core(cal))
-    curves = {u: sens.curve(x, u) for u in sens.INTERVALS}
-    placements = {"paper A100": sens.placed(curves[4], *inverse.PAPER_FIG1["a100"]),
-                  "paper H100": sens.placed(curves[4], *inverse.PAPER_FIG1["h100"]),
-                  "Intel 2×A100": sens.placed(curves[4], *inverse.INTEL["speedup"])}
-    inv["placements"] = placements
-    (out / "inverse.json").write_text(json.dumps(inv, indent=1) + "\n")
-    sensitivity_figure(curves, sens.curve(inverse.free_accumulation(x), 4), placements, sens.measured_points(val),
-                       band_rows, inv["rho_blog"], out)
+    sensitivity_figure(curves, sens.curve(inverse.free_accumulation(x), 4), inv["placements"],
+                       sens.measured_points(val), band_rows, inv, out)
     return inv
