@@ -62,11 +62,18 @@ reproduce-llama7b: install
 gpu-check: install
 	$(PY) reproduce/gpu_check.py $(ARGS)
 
-# Cost model: calibrate on this machine (≈1 min), validate against the committed cpu-scale records, project to
-# A100 / H100 (results/costmodel/<hardware-id>/). ARGS=--no-calibrate reuses the calibration record;
+# Cost model: calibrate on this machine (≈5 min) and measure its host AdamW kernels, validate against the committed
+# cpu-scale records, project to A100 / H100 as a band, solve the inputs the published step times imply, draw the
+# sensitivity figure (results/costmodel/<hardware-id>/). ARGS=--no-calibrate reuses the calibration record;
 # ARGS=--run-validation reruns the cpu-scale validation runs first (≈30 min).
 project: install
 	$(PY) reproduce/project.py $(ARGS)
+
+# Is ZenFlow's GLUE deficit ZenFlow's or the budget's? 3 epochs, and the staleness knobs (update interval, topk) at
+# the default budget, 3 seeds each, beside `make reproduce-glue`'s runs (≈75 min; results/glue/<hw>/study/; docs/glue.md)
+.PHONY: reproduce-glue-study
+reproduce-glue-study: install
+	$(PY) reproduce/glue_study.py $(ARGS)
 
 # GLUE parity: MiniLM on SST-2 and MRPC, five engines, three seeds (≈40 min on a quiet 2-core Intel Xeon; docs/glue.md).
 reproduce-glue: install

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         done = subprocess.run([sys.executable, "-m", "zenflow.costmodel.calibrate"])
         if done.returncode:  # refused (spread beyond its bound: it said why) or failed; the committed one stays
             return done.returncode
+        # DeepSpeed's CPU Adam beside torch's (the band's second kernel, the inverse check's per-core facts)
+        subprocess.run([sys.executable, "-m", "zenflow.costmodel.host_adam"], check=True)
     cal = load_calibration(out / "calibration.json", hw)
     val, proj = validation(cal, hw), projection(cal)
     if val:

@@ -62,7 +62,7 @@ def test_same_frequency_control_is_zero_offload_at_u1_and_copies_every_step(a100
 def test_inverse_solves_land_on_the_published_step_times(cal):
     from zenflow.costmodel.presets import host_rates_per_core
 
-    x, tokens = inverse.blog_inputs(*host_rates_per_core(cal), 0.4)
+    x, tokens = inverse.published_inputs(*host_rates_per_core(cal), 0.4)
     assert predict(x, "no-offload").cycle_ms == pytest.approx(inverse.BLOG["no_offload_ms"], rel=1e-4)
     assert x.tokens == pytest.approx(tokens)
     rate = inverse.host_rate_for(x, inverse.BLOG["zero_offload_ms"])

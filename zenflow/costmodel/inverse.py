@@ -62,7 +62,7 @@ def solve(f: Callable[[float], float], target: float, low: float, high: float, s
     return (low * high) ** 0.5
 
 
-def blog_inputs(adamw_per_core: float, accum_per_core: float, mfu: float, case: dict[str, Any] = BLOG,
+def published_inputs(adamw_per_core: float, accum_per_core: float, mfu: float, case: dict[str, Any] = BLOG,
                 model: str | None = None) -> tuple[Inputs, float]:
     """A published step on its GPU preset: the micro-batch (of 512 tokens) that makes the no-offload step as long
     as published (the blog's 0.5 s by default)."""
@@ -89,8 +89,8 @@ def free_accumulation(x: Inputs) -> Inputs:
 def inverse_check(cal: dict[str, Any], deepspeed_per_core: float | None) -> dict[str, Any]:
     """Every solved input with what it is checked against, and the forward predictions from them."""
     adamw, accum = host_rates_per_core(cal)
-    x, tokens = blog_inputs(adamw, accum, 0.4)
-    tokens_band = [blog_inputs(adamw, accum, m)[1] for m in MFU_BAND]
+    x, tokens = published_inputs(adamw, accum, 0.4)
+    tokens_band = [published_inputs(adamw, accum, m)[1] for m in MFU_BAND]
     compute = predict(x, "no-offload").cycle_ms
     acc_ms, upd_ms = statistics.median(EXAMPLE_ACCUMULATE_MS), statistics.median(EXAMPLE_UPDATE_MS)
     grad_bytes = (1 - BLOCK.topk_ratio) * x.column_params * x.dtype_bytes
@@ -129,7 +129,7 @@ def inverse_check(cal: dict[str, Any], deepspeed_per_core: float | None) -> dict
 def _intel(adamw: float, accum: float) -> dict[str, Any]:
     """Intel's Qwen2.5-1.5B case, ρ and speedup both measured: the host rate it implies, and the model's speedup at
     its tokens and host rate against the measured one."""
-    x, tokens = blog_inputs(adamw, accum, 0.4, INTEL, INTEL["small_model"])
+    x, tokens = published_inputs(adamw, accum, 0.4, INTEL, INTEL["small_model"])
     rate = host_rate_for(x, INTEL["zero_offload_ms"])
     predicted = _forward(with_host_rate(x, rate)) if rate else None
     rho = (INTEL["zero_offload_ms"] - INTEL["no_offload_ms"]) / INTEL["no_offload_ms"]

@@ -24,8 +24,9 @@ SEQ16 = "results/llama7b/{hw}"  # the committed seq-16 scenario is the middle va
 EXTRA_SEQS = (4, 64, 256)  # with seq 16: host optimizer / compute of ref-offload from ~1.2 down to ~0.6 on this CPU
 QUIET = 0.2  # a run is "quiet" when other heavy jobs ran during less than this fraction of it
 # Harness engine -> the cost model's engine that describes it.
-MODELLED_AS = {"no-offload": "no-offload", "ref-offload": "zero-offload", "ref-zenflow": "zenflow-overlap"}
-VALIDATED = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")  # row order
+MODELLED_AS = {"no-offload": "no-offload", "ref-offload": "zero-offload", "ref-zenflow": "zenflow-overlap",
+               "ref-offload-gas": "zero-offload-gas"}  # the same-frequency control (issue 15): where it was run
+VALIDATED = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "ref-offload-gas", "no-offload")
 SUMMARY_KEYS = ("cycle_mean_ms", "accumulate_step_ms", "update_step_ms", "compute_ms", "io_ms", "stall_ms",
                 "forward_backward_ms")
 
