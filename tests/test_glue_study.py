@@ -47,9 +47,11 @@ def test_verdicts_name_the_deficit_and_the_change():
     below, around = {"low": -3.0, "high": -1.0}, {"low": -1.0, "high": 2.0}
     assert verdict(below, None) == "deficit"
     assert verdict({"low": 0.5, "high": 2.0}, None) == "ZenFlow above"
-    assert verdict(around, {"low": 0.2, "high": 3.0}) == "no deficit detected (interval contains 0); closes it"
-    assert verdict(below, {"low": 0.2, "high": 3.0}) == "deficit; narrows it"
-    assert verdict(below, {"low": -3.0, "high": -0.1}) == "deficit; widens it"
+    assert verdict(around, {"low": 0.2, "high": 3.0}, below) == "no deficit detected (interval contains 0); closes it"
+    # the default had no detected deficit: a smaller one is not "closed"
+    assert verdict(around, {"low": 0.2, "high": 3.0}, around).endswith("; smaller than the default's")
+    assert verdict(below, {"low": 0.2, "high": 3.0}, below) == "deficit; smaller than the default's"
+    assert verdict(below, {"low": -3.0, "high": -0.1}) == "deficit; larger than the default's"
     assert verdict(around, {"low": -1.0, "high": 1.0}).endswith("no detectable change from the default")
 
 
@@ -66,7 +68,7 @@ def test_deficits_pair_by_seed_and_average_over_tasks():
     assert rows[("default", "SST-2")]["verdict"] == "deficit"
     assert rows[("topk-0.2", "SST-2")]["deficit"] == pytest.approx(-0.5)  # against the default's ZeRO-Offload
     assert rows[("topk-0.2", "SST-2")]["change"] == pytest.approx(1.5)
-    assert rows[("topk-0.2", "MRPC")]["verdict"] == "deficit; narrows it"
+    assert rows[("topk-0.2", "MRPC")]["verdict"] == "deficit; smaller than the default's"
     assert rows[("budget-3-epochs", "SST-2")]["offload_from"] == "this setting"
     assert rows[("budget-3-epochs", "SST-2")]["verdict"] == "no deficit detected (interval contains 0); closes it"
 

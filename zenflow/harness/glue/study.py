@@ -74,18 +74,18 @@ def deficits(zen: dict[str, dict[int, float]], off: dict[str, dict[int, float]])
     return out
 
 
-def verdict(deficit: dict[str, Any], change: dict[str, Any] | None) -> str:
-    """In words: is there a deficit (its interval below 0), and did the setting change it against the default?"""
+def verdict(deficit: dict[str, Any], change: dict[str, Any] | None, default: dict[str, Any] | None = None) -> str:
+    """In words: is there a deficit (its interval below 0), and did the setting change it against the default?
+    "Closes it" only where the default had a detected deficit and this setting has none."""
     if deficit["low"] is None:
         return "one seed: no interval"
     where = ("deficit" if deficit["high"] < 0 else "ZenFlow above" if deficit["low"] > 0 else
              "no deficit detected (interval contains 0)")
-    if change is None:
+    if change is None or change["low"] is None:
         return where
-    if change["low"] is None:
-        return where
-    moved = ("closes it" if change["low"] > 0 and deficit["high"] >= 0 else "narrows it" if change["low"] > 0
-             else "widens it" if change["high"] < 0 else "no detectable change from the default")
+    closed = default is not None and default["high"] is not None and default["high"] < 0 <= deficit["high"]
+    moved = ("closes it" if change["low"] > 0 and closed else "smaller than the default's" if change["low"] > 0
+             else "larger than the default's" if change["high"] < 0 else "no detectable change from the default")
     return f"{where}; {moved}"
 
 
@@ -114,7 +114,7 @@ def study_rows(default: list[RunRecord], settings: dict[str, list[RunRecord]]) -
                          "change_low": change["low"] if change else None,
                          "change_high": change["high"] if change else None,
                          "offload_from": "this setting" if _by_seed(table, OFFLOAD) else "default",
-                         "verdict": verdict(d, change)})
+                         "verdict": verdict(d, change, base_def.get(task) if name != "default" else None)})
     return rows
 
 
@@ -164,6 +164,10 @@ def study_report(default: list[RunRecord], settings: dict[str, list[RunRecord]],
     if unmatched:
         text.append(f"- Not compared: {', '.join(unmatched)} (no ZeRO-Offload runs of their own, and their budget "
                     "differs from the default runs').")
+    changes = [r for r in rows if r["change_low"] is not None]
+    if changes:
+        text.append(f"- {len(changes)} change intervals at 95%: about {0.05 * len(changes):.1f} of them would exclude "
+                    "0 by chance alone, so one \"smaller\" or \"larger\" among them is not a finding.")
     text.append("- What the data point to: docs/glue.md, \"Does the deficit close?\".")
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text("\n".join(text) + "\n")
