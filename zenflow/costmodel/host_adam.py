@@ -29,7 +29,6 @@ from zenflow.adam import AdamWHyper, adamw_
 
 SCHEMA = "costmodel-host-adam/1"
 HYPER = AdamWHyper(lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
-KERNELS = ("torch-fused-adamw", "deepspeed-cpu-adam")
 
 
 def _torch_step(numel: int) -> Callable[[], None]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from zenflow.costmodel.model import Block, Inputs, predict
 from zenflow.costmodel.presets import BYTES_HOST_ADAMW, GPU_MICRO_BATCH, GPU_SEQ, GPUS, gpu_inputs, host_rates_per_core
-from zenflow.costmodel.sensitivity import offload_ratio, with_host_rate
+from zenflow.costmodel.sensitivity import forward, offload_ratio, with_host_rate
 from zenflow.costmodel.validate import BLOCK
 
 # The published numbers, each with where it is written (../shared/seeds/ holds the two DeepSpeed texts).
@@ -147,9 +147,7 @@ def _speedup_at(x: Inputs, alpha: float) -> float:
 
 
 def _forward(x: Inputs) -> dict[str, float]:
-    off, zen = predict(x, "zero-offload"), predict(x, "zenflow-overlap", BLOCK)
-    gas = predict(x, "zero-offload-gas", BLOCK)
-    return {"rho": offload_ratio(off), "zero_offload_ms": off.cycle_ms, "zenflow_ms": zen.cycle_ms,
-            "zenflow_accumulate_ms": zen.accumulate_ms or zen.cycle_ms, "zenflow_update_ms": zen.update_ms,
-            "speedup": off.cycle_ms / zen.cycle_ms, "same_frequency": gas.cycle_ms / zen.cycle_ms,
-            "u8_speedup": off.cycle_ms / predict(x, "zenflow-overlap", Block(BLOCK.topk_ratio, 8)).cycle_ms}
+    """sensitivity.forward, and the speedup at update interval 8."""
+    out = forward(x)
+    return {**out, "u8_speedup": out["zero_offload_ms"] / predict(x, "zenflow-overlap",
+                                                                  Block(BLOCK.topk_ratio, 8)).cycle_ms}

@@ -42,8 +42,14 @@ def with_host_rate(x: Inputs, adamw_gelem_s: float) -> Inputs:
                    accum_gelem_s=x.accum_gelem_s * k, accum_gelem_s_worker=x.accum_gelem_s_worker * k)
 
 
-def speedup(x: Inputs, interval: int, topk: float = BLOCK.topk_ratio) -> float:
-    return predict(x, "zero-offload").cycle_ms / predict(x, "zenflow-overlap", Block(topk, interval)).cycle_ms
+def forward(x: Inputs) -> dict[str, float]:
+    """ZeRO-Offload, ZenFlow (the projection's block) and the same-frequency control on one set of inputs: ρ, step
+    times, ZenFlow's speedup over every-step ZeRO-Offload and over ZeRO-Offload accumulating U steps."""
+    off, zen = predict(x, "zero-offload"), predict(x, "zenflow-overlap", BLOCK)
+    gas = predict(x, "zero-offload-gas", BLOCK)
+    return {"rho": offload_ratio(off), "zero_offload_ms": off.cycle_ms, "zenflow_ms": zen.cycle_ms,
+            "zenflow_accumulate_ms": zen.accumulate_ms or zen.cycle_ms, "zenflow_update_ms": zen.update_ms,
+            "speedup": off.cycle_ms / zen.cycle_ms, "same_frequency": gas.cycle_ms / zen.cycle_ms}
 
 
 def curve(x: Inputs, interval: int, points: int = 400) -> list[tuple[float, float]]:
@@ -52,9 +58,11 @@ def curve(x: Inputs, interval: int, points: int = 400) -> list[tuple[float, floa
     for i in range(points):
         rate = x.adamw_gelem_s * 10 ** (3 - 6 * i / (points - 1))
         xi = with_host_rate(x, rate)
-        rho = offload_ratio(predict(xi, "zero-offload"))
+        off = predict(xi, "zero-offload")
+        rho = offload_ratio(off)
         if RHO_RANGE[0] <= rho <= RHO_RANGE[1]:
-            out.append((rho, speedup(xi, interval)))
+            zen = predict(xi, "zenflow-overlap", Block(BLOCK.topk_ratio, interval))
+            out.append((rho, off.cycle_ms / zen.cycle_ms))
     return sorted(out)
 
 
@@ -90,12 +98,12 @@ def band(cal: dict[str, Any], deepspeed_per_core: float | None, implied_rate: fl
             for cores in sorted({*HOST_CORES, g["host_cores"]}):
                 for kernel, k in kernels.items():
                     x = gpu_inputs(model, gpu, adamw * k, accum, host_cores=cores)
-                    cases.append(_case(x, f"{cores} core{'s' if cores > 1 else ''}, {kernel}"))
+                    cases.append({"case": f"{cores} core{'s' if cores > 1 else ''}, {kernel}", **forward(x)})
             central = cases[-len(kernels)]  # the DGX share (the most cores), torch's kernel
             if implied_rate:
                 x = gpu_inputs(model, gpu, adamw, accum)
-                cases.append(_case(with_host_rate(x, implied_rate), f"{implied_rate:.2f} G el/s per GPU (the blog's"
-                                   " 7 s)"))
+                cases.append({"case": f"{implied_rate:.2f} G el/s per GPU (the blog's 7 s)",
+                              **forward(with_host_rate(x, implied_rate))})
             lo, hi = min(cases, key=lambda c: c["speedup"]), max(cases, key=lambda c: c["speedup"])
             rows.append({"gpu": gpu, "model": MODELS[model]["label"], "central": central["speedup"],
                          "central_same_frequency": central["same_frequency"], "central_rho": central["rho"],
@@ -104,12 +112,6 @@ def band(cal: dict[str, Any], deepspeed_per_core: float | None, implied_rate: fl
                          "same_frequency_high": max(c["same_frequency"] for c in cases),
                          "rho_low": min(c["rho"] for c in cases), "rho_high": max(c["rho"] for c in cases)})
     return rows
-
-
-def _case(x: Inputs, name: str) -> dict[str, Any]:
-    zen = predict(x, "zenflow-overlap", BLOCK).cycle_ms
-    return {"case": name, "speedup": predict(x, "zero-offload").cycle_ms / zen, "rho": offload_ratio(predict(
-        x, "zero-offload")), "same_frequency": predict(x, "zero-offload-gas", BLOCK).cycle_ms / zen}
 
 
 def measured_points(validation_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -99,7 +99,8 @@ def study_rows(default: list[RunRecord], settings: dict[str, list[RunRecord]]) -
     for name, records in [("default", default), *((k, v) for k, v in settings.items() if k in WHAT)]:
         table = scores(records)
         zen = _by_seed(table, ZENFLOW)
-        off = _by_seed(table, OFFLOAD) or (base_off if budget(records) == budget(default) else {})
+        own_off = _by_seed(table, OFFLOAD)
+        off = own_off or (base_off if budget(records) == budget(default) else {})
         for task, d in deficits(zen, off).items():
             change = None
             if name != "default" and task in base_def:
@@ -113,7 +114,7 @@ def study_rows(default: list[RunRecord], settings: dict[str, list[RunRecord]]) -
                          "change": change["mean"] if change else None,
                          "change_low": change["low"] if change else None,
                          "change_high": change["high"] if change else None,
-                         "offload_from": "this setting" if _by_seed(table, OFFLOAD) else "default",
+                         "offload_from": "this setting" if own_off else "default",
                          "verdict": verdict(d, change, base_def.get(task) if name != "default" else None)})
     return rows
 
