@@ -7,6 +7,13 @@ labelled "cpu-scale" everywhere. Output: records, table.md/.csv and figure.png i
 
     python reproduce/llama7b.py                      # what `make reproduce-llama7b` runs
     python reproduce/llama7b.py --model meta-llama/Llama-2-7b-hf --seq-len 512
+    python reproduce/llama7b.py --shape llama2-7b --layers 8 --plan   # the memory plan only: nothing runs
+    python reproduce/gpu_7b.py --list                # the 7B-class sequence for one GPU host (docs/llama7b-gpu.md)
+
+`--shape llama2-7b --layers N`: random weights at Llama-2-7B's layer shapes, N of its 32 layers (the default on a
+GPU host without local Llama-2-7B weights, at the largest N the memory plan admits). Before any run the parent
+checks that model, tokenizer and data are on this host (local_inputs.py) and plans every engine's memory
+(memory_plan.py): an engine that cannot fit gets a `skipped` record saying what it needs, in seconds.
 
 Every argument is checked before any run, model load or DeepSpeed import (zenflow/harness/cli_checks.py): a bad one
 gives one line naming the argument, the value and what is allowed, exit status 2, and nothing in --out. The plan's
@@ -26,7 +33,9 @@ from pathlib import Path
 import torch
 
 from zenflow.harness import cli_checks as cc
-from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE
+from zenflow.harness import local_inputs
+from zenflow.harness import memory_plan as mp
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES, TINY_LLAMA_SHAPE
 from zenflow.harness.engines import deepspeed_config
 from zenflow.harness.plans import PlannedRun, execute, report_existing
 from zenflow.harness.preflight import PreflightError, check_async_io, check_build_locks, check_cuda_usable
@@ -35,6 +44,8 @@ from zenflow.harness.session import RunSpec
 from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
+HUB_DEFAULT = "meta-llama/Llama-2-7b-hf"
+WINDOW_S = 570  # a device window's command: 10 minutes, less a margin for start-up and the copy back
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,8 +53,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     gpu = torch.cuda.is_available()
     ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=cc.model_or_builtin("cpu-scale"), default=os.environ.get("MODEL") or None,
-                    help="'cpu-scale', a hub id or a local folder; default: $MODEL, else Llama-2-7B on a GPU host "
-                    "(cpu-scale with --smoke or without a GPU)")
+                    help="'cpu-scale', a hub id or a local folder; default: $MODEL, else on a GPU host Llama-2-7B "
+                    "when its weights are local and --shape llama2-7b otherwise (cpu-scale with --smoke or without "
+                    "a GPU)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                    help="random weights at this model's layer shapes (with --layers): no download")
+    ap.add_argument("--layers", type=cc.int_at_least(1), default=None,
+                    help="with --shape: layers of that shape (default: the most the memory plan admits, at most "
+                    "the model's own)")
+    ap.add_argument("--freeze-embedding", action="store_true",
+                    help="freeze the input embedding in every engine: the host-to-compute ratio of N layers is then "
+                    "exactly the full model's (docs/llama7b-gpu.md)")
+    ap.add_argument("--plan", action="store_true", help="print every engine's memory and time estimate against this "
+                    "host and run nothing")
+    ap.add_argument("--host-memory-gib", type=cc.float_at_least(0, strict=True), default=None,
+                    help="plan for a host with this much memory available instead of this one's")
+    ap.add_argument("--device-memory-gib", type=cc.float_at_least(0, strict=True), default=None,
+                    help="plan for a GPU with this much memory (default: this host's GPU; none: the CPU)")
+    ap.add_argument("--allow-download", action="store_true",
+                    help="let the runs fetch a model or data that is not on this host (refused otherwise)")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     ap.add_argument("--seq-len", type=cc.int_at_least(1), default=None, help="default: 512 on a GPU host, 16 otherwise")
@@ -58,9 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="ds-zero-infinity offloads parameters and optimizer to NVMe in this folder (default: the "
                     "host's memory); needs DeepSpeed's async_io op (libaio)")
     ap.add_argument("--data", type=cc.data_source, default="auto", help="Alpaca JSON path, 'synthetic', or 'auto'")
-    ap.add_argument("--repeats", type=cc.int_at_least(1), default=2, help="rounds; engines interleaved within each")
-    ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=8)
-    ap.add_argument("--timed-steps", type=cc.int_at_least(1), default=16, help="rounded up to whole update cycles")
+    ap.add_argument("--repeats", type=cc.int_at_least(1), default=None,
+                    help="rounds; engines interleaved within each (default 2, 1 with --shape)")
+    ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=None, help="default 8 (4 with --shape)")
+    ap.add_argument("--timed-steps", type=cc.int_at_least(1), default=None,
+                    help="rounded up to whole update cycles; default 16 (8 with --shape)")
     ap.add_argument("--out", type=cc.out_folder, default=None,
                     help="default: results/llama7b/<hardware-id> (with --nproc N > 1: its nproc-N subfolder)")
     ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out (<out>/.partial/): "
@@ -70,8 +100,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
     small = args.smoke or not gpu  # the smoke run is the tiny cpu-scale shape on every host
-    args.model = args.model or ("cpu-scale" if small else "meta-llama/Llama-2-7b-hf")
-    args.seq_len = args.seq_len or (16 if small else 512)
+    if args.shape and args.model:
+        ap.error("argument --shape: not allowed with --model (or $MODEL): expected one of them")
+    if (args.layers or args.freeze_embedding) and not args.shape:
+        ap.error("argument --layers/--freeze-embedding: only with --shape (expected --shape llama2-7b)")
+    if not args.model and not args.shape and not small:  # a GPU host: the real model if it is here
+        args.shape = None if local_inputs.problem(HUB_DEFAULT, "auto") is None else "llama2-7b"
+        args.model = HUB_DEFAULT if args.shape is None else None
+    args.model = args.model or ("llama2-7b-shape" if args.shape else "cpu-scale")
+    args.seq_len = args.seq_len or (16 if small and not args.shape else 512)
+    shaped = bool(args.shape)
+    args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (4 if shaped else 8)
+    args.timed_steps = args.timed_steps or (8 if shaped else 16)
+    args.repeats = args.repeats or (1 if shaped else 2)
     cc.distinct(ap, "--engines", args.engines)
     on_gpus = gpu and args.device != "cpu"
     most = torch.cuda.device_count() if on_gpus else len(os.sched_getaffinity(0))
@@ -88,9 +129,30 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
     except SystemExit as exc:  # argparse: one line and 2 on bad input, 0 after --help; returned to the caller
         return exc.code
+    problem = local_inputs.problem(args.model, args.data, args.allow_download)
+    if problem:  # checked once here, not once per run
+        return cc.refuse(problem)
+    cuda = (torch.cuda.is_available() and args.device != "cpu") or bool(args.device_memory_gib)
+    host = (mp.Host.simulated(args.host_memory_gib or mp.Host.measure(False).available / mp.GiB,
+                              args.device_memory_gib) if args.host_memory_gib or args.device_memory_gib
+            else mp.Host.measure(cuda))
+    real_cuda = torch.cuda.is_available() and args.device != "cpu"
+    # measured on this host; a simulated GPU on a CPU host adds a stated estimate of the CUDA context's host memory
+    base = mp.process_base_bytes(args.engines, real_cuda) + (mp.CUDA_CONTEXT if cuda and not real_cuda else 0)
+    if args.shape and args.layers is None:
+        shape = mp.ModelShape.from_workload(workload(args, SHAPES[args.shape]["layers"]))
+        args.layers = mp.largest_layers(args.engines, shape, host, 2 if args.dtype != "fp32" else 4, cuda,
+                                        DEEPSPEED_EXAMPLES_BLOCK, args.seq_len, args.micro_batch, base, shape.layers)
+    needs = memory_needs(args, host, base, cuda)
+    if args.plan:
+        shape = mp.ModelShape.from_workload(workload(args))
+        print(mp.render(needs, host, args.warmup_steps + args.timed_steps, shape, base, WINDOW_S))
+        return 0
     env = capture_environment()
-    out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"] / (f"nproc-{args.nproc}" if args.nproc > 1
-                                                                           else "")
+    scenario = f"{args.shape}-{args.layers}L{'-frozen-embedding' if args.freeze_embedding else ''}" if args.shape \
+        else ""
+    out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"] / scenario / (
+        f"nproc-{args.nproc}" if args.nproc > 1 else "")
     report = partial(scenario_report, env=env)
     if args.report_only:
         problem = report_existing(out, report)
@@ -106,13 +168,40 @@ def main(argv: list[str] | None = None) -> int:
             check_async_io()  # without libaio every ZeRO-Infinity run would fail at its first swap
     except PreflightError as exc:
         return cc.refuse(str(exc))
-    return execute(out, plan(args), cc.command_line("reproduce/llama7b.py", argv), report, resume=args.resume)
+    skips = {n.engine: mp.fits(n, host) for n in needs}
+    for engine, why in skips.items():
+        if why:
+            print(f"memory plan: {engine} is skipped: {why}", file=sys.stderr)
+    return execute(out, plan(args, skips), cc.command_line("reproduce/llama7b.py", argv), report,
+                   resume=args.resume)
 
 
-def plan(args: argparse.Namespace) -> list[PlannedRun]:
+def workload(args: argparse.Namespace, layers: int | None = None) -> dict:
+    """The runs' workload: the model and its shape (--shape, --smoke's tiny one), data, dtype, device."""
+    shape = {}
+    if args.shape:
+        shape = {**{k: v for k, v in SHAPES[args.shape].items() if k != "layers"},
+                 "layers": layers or args.layers, "freeze_embedding": args.freeze_embedding}
+    elif args.smoke:
+        shape = dict(TINY_LLAMA_SHAPE)
+    return {"model": args.model, "dtype": args.dtype, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
+            "data": args.data, "device": args.device, **shape}
+
+
+def memory_needs(args: argparse.Namespace, host: mp.Host, base: int, cuda: bool) -> list[mp.Need]:
+    """Every engine's estimate for this workload (a hub model's shape from its local config.json)."""
+    try:
+        shape = mp.ModelShape.from_workload(workload(args))
+    except (FileNotFoundError, KeyError) as exc:  # --allow-download of a model not here: nothing to plan from
+        print(f"memory plan: not made ({exc})", file=sys.stderr)
+        return []
+    return mp.plan(args.engines, shape, 2 if args.dtype != "fp32" else 4, cuda, DEEPSPEED_EXAMPLES_BLOCK,
+                   args.seq_len, args.micro_batch, base)
+
+
+def plan(args: argparse.Namespace, skips: dict[str, str | None] | None = None) -> list[PlannedRun]:
     """Every (repeat, engine) with telemetry, engines interleaved within a repeat; then ref-zenflow without it."""
-    workload = {"model": args.model, "dtype": args.dtype, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
-                "data": args.data, "device": args.device, **(TINY_LLAMA_SHAPE if args.smoke else {})}
+    skips = skips or {}
     steps = (4, 4) if args.smoke else (args.warmup_steps, args.timed_steps)
     runs = [(r, e, True) for r in range(args.repeats) for e in args.engines]
     if "ref-zenflow" in args.engines and not args.no_overhead_check:
@@ -122,11 +211,12 @@ def plan(args: argparse.Namespace) -> list[PlannedRun]:
         cfg = deepspeed_config(engine, DEEPSPEED_EXAMPLES_BLOCK, args.dtype, args.micro_batch, lr=2e-5,
                                weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available() and args.device != "cpu",
                                nvme_path=str(args.nvme_path) if args.nvme_path else None)
-        spec = RunSpec(engine=engine, label="llama7b", workload=workload, ds_config=cfg, telemetry=telemetry,
+        spec = RunSpec(engine=engine, label="llama7b", workload=workload(args), ds_config=cfg, telemetry=telemetry,
                        num_gpus=args.nproc, extra={"repeat": rep}, warmup_steps=steps[0], timed_steps=steps[1])
         protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": -(-spec.timed_steps // spec.cycle) * spec.cycle,
                     "telemetry": telemetry, "repeat": rep}  # timed steps: whole update cycles, as the run rounds
-        planned.append(PlannedRun(f"{engine}{'' if telemetry else '-no-telemetry'}-r{rep}.json", spec, protocol))
+        planned.append(PlannedRun(f"{engine}{'' if telemetry else '-no-telemetry'}-r{rep}.json", spec, protocol,
+                                  skip=skips.get(engine)))
     return planned
 
 

@@ -38,3 +38,7 @@ GLUE_TRAIN_EXAMPLES = {"SST-2": 2048, "MRPC": 2560, "RTE": 1024}
 
 # A tiny Llama (the smoke runs of reproduce scripts, bench's ZENFLOW_BENCH_SMALL, calibration smoke): 2 layers of 64.
 TINY_LLAMA_SHAPE = {"hidden": 64, "layers": 2, "intermediate": 128, "heads": 4}
+
+# Random-weight models at a published model's layer shapes (reproduce/llama7b.py --shape NAME --layers N; the
+# workload's model is "<NAME>-shape"): per-layer compute and host work are the full model's, N layers of it.
+SHAPES = {"llama2-7b": {"hidden": 4096, "intermediate": 11008, "heads": 32, "layers": 32}}

@@ -2,8 +2,12 @@
 
 - `cpu-scale`: a Llama-architecture model built from `LlamaConfig` (random init), the real Llama SentencePiece
   tokenizer shipped in `mistral-common`, real Alpaca records (or tiny-shakespeare, or generated text).
-- anything else in `model`: a Hugging Face causal LM (hub id or local path) with its own tokenizer; Alpaca from a
-  local JSON or `datasets` (`tatsu-lab/alpaca`).
+- `llama2-7b-shape`: the same builder at Llama-2-7B's layer shapes (hidden 4096, intermediate 11008, 32 heads, vocab
+  32000) with `layers` of them: random weights, no download (reproduce/llama7b.py --shape llama2-7b --layers N).
+- anything else in `model`: a Hugging Face causal LM (hub id or local path) with its own tokenizer.
+
+Data: `auto` reads the Alpaca records committed in `data/alpaca/` (so no host needs a network or `../shared`), then
+`../shared`'s texts; `datasets` (`tatsu-lab/alpaca`) only for a hub model when neither exists.
 """
 
 from __future__ import annotations
@@ -18,7 +22,11 @@ from typing import Any
 
 import torch
 
-SHARED_TEXT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "text"
+CHECKOUT = Path(__file__).resolve().parents[2]
+REPO_ALPACA = CHECKOUT / "data" / "alpaca" / "alpaca_data_1k.json"  # travels with the checkout (data/README.md)
+SHARED_TEXT = CHECKOUT.parent / "shared" / "data" / "text"
+# Models built from LlamaConfig with random weights (no download): the workload's shape fields give the size.
+RANDOM_MODELS = ("cpu-scale", "llama2-7b-shape")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Stanford Alpaca's prompt template (the DeepSpeedExamples Llama-2 fine-tuning uses the same records).
 PROMPT = ("Below is an instruction that describes a task, paired with an input that provides further context. "
@@ -34,7 +42,7 @@ class WorkloadError(ValueError):
 
 @dataclass(frozen=True)
 class Workload:
-    model: str = "cpu-scale"     # "cpu-scale" or a Hugging Face id / local path
+    model: str = "cpu-scale"     # one of RANDOM_MODELS, or a Hugging Face id / local path
     dtype: str = "bf16"
     seq_len: int = 32
     micro_batch: int = 1
@@ -46,6 +54,7 @@ class Workload:
     layers: int = 8
     intermediate: int = 1408
     heads: int = 8
+    freeze_embedding: bool = False  # the input embedding is frozen in every engine (the exact N-layer variant)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -66,21 +75,25 @@ class Workload:
 
 
 def build_model(w: Workload) -> torch.nn.Module:
-    """The model, seeded, in the workload dtype."""
+    """The model, seeded, in the workload dtype (input embedding frozen when the workload says so)."""
     torch.manual_seed(w.seed)
-    if w.model == "cpu-scale":
+    if w.model in RANDOM_MODELS:
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        config = LlamaConfig(vocab_size=32000, hidden_size=w.hidden, intermediate_size=w.intermediate,
+        config = LlamaConfig(vocab_size=CPU_SCALE_VOCAB, hidden_size=w.hidden, intermediate_size=w.intermediate,
                              num_hidden_layers=w.layers, num_attention_heads=w.heads, num_key_value_heads=w.heads,
                              max_position_embeddings=max(512, w.seq_len), tie_word_embeddings=False)
-        return LlamaForCausalLM(config).to(w.torch_dtype)
-    from transformers import AutoModelForCausalLM
+        model = LlamaForCausalLM(config).to(w.torch_dtype)
+    else:
+        from transformers import AutoModelForCausalLM
 
-    try:
-        return AutoModelForCausalLM.from_pretrained(w.model, dtype=w.torch_dtype)
-    except (OSError, ValueError) as exc:
-        raise WorkloadError(f"workload.model = {w.model!r} does not load as a causal LM: {exc}") from exc
+        try:
+            model = AutoModelForCausalLM.from_pretrained(w.model, dtype=w.torch_dtype)
+        except (OSError, ValueError) as exc:
+            raise WorkloadError(f"workload.model = {w.model!r} does not load as a causal LM: {exc}") from exc
+    if w.freeze_embedding:  # every engine then neither offloads nor updates it (docs/llama7b-gpu.md)
+        model.get_input_embeddings().weight.requires_grad_(False)
+    return model
 
 
 # The byte fallback of the cpu-scale tokenizer: ids 3..258 (0-2 are Llama's unk/bos/eos), inside Llama's vocabulary
@@ -92,7 +105,7 @@ class Tokenizer:
     """encode(text) -> ids, plus eos; the cpu-scale one is Llama's SentencePiece model from mistral-common."""
 
     def __init__(self, w: Workload) -> None:
-        if w.model == "cpu-scale":
+        if w.model in RANDOM_MODELS:
             try:
                 import sentencepiece
                 from mistral_common import __file__ as mc_file
@@ -120,11 +133,12 @@ def load_texts(w: Workload) -> tuple[list[str], str]:
         return _generated_texts(w.seed), "generated"
     if w.data != "auto":
         return _texts_from(Path(w.data)), w.data
-    for candidate in (SHARED_TEXT / "alpaca" / "alpaca_data_1k.json", SHARED_TEXT / "alpaca" / "alpaca_data_200.json",
-                      SHARED_TEXT / "tinyshakespeare" / "input.txt"):
+    if REPO_ALPACA.exists():
+        return _texts_from(REPO_ALPACA), str(REPO_ALPACA.relative_to(CHECKOUT))
+    for candidate in (SHARED_TEXT / "alpaca" / "alpaca_data_200.json", SHARED_TEXT / "tinyshakespeare" / "input.txt"):
         if candidate.exists():
             return _texts_from(candidate), str(candidate.relative_to(SHARED_TEXT.parent.parent))
-    if w.model != "cpu-scale":  # the GPU scenario: Alpaca from the hub
+    if w.model not in RANDOM_MODELS:  # a hub model without local data: Alpaca from the hub
         from datasets import load_dataset
 
         records = load_dataset("tatsu-lab/alpaca", split="train")

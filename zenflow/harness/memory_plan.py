@@ -1,0 +1,372 @@
+"""The memory plan: what each engine needs of the device and the host for a workload, checked before any run.
+
+Every figure comes from the model's shape (no model is built) and the formula of what each engine allocates:
+
+- ours (ref-offload, ref-offload-gas, ref-zenflow): `zenflow.host.host_bytes`, the same function the optimizer's
+  `host_state_bytes` is tested against (fp32 master, moments and accumulators of the host-owned columns only, the
+  pinned staging as one arena, no power-of-two rounding);
+- DeepSpeed and the PyTorch peers: the buffers their sources allocate (../shared/reviews/gpu-audit-2.md, §1), with
+  torch's pinned-memory rounding to a power of two applied per allocation, as CachingHostAllocator does;
+- every run child: the measured resident set of a process that imported what a run imports (`process_base_bytes`),
+  plus the fp32 random init of the model on the host (the build peak), or the steady state if that is larger.
+
+`plan(...)` gives one `Need` per engine and `Host.measure()` what this host has (MemAvailable and the cgroup
+limit); `fits()` says why a run would not fit, in one line, so the harness writes a `skipped` record in seconds
+instead of a child dying minutes later as "CUDA error: out of memory" or SIGKILL. Times per step are rough planning
+figures from stated rates (ROUGH_RATES), labelled as such; the run records hold the measured ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zenflow.harness.configs import OFFLOAD_BLOCK, TWIN_FLOW_RATIO
+
+GiB = 2**30
+CUDA_CONTEXT = GiB  # host memory of a CUDA context and its libraries (planning a GPU host from a CPU one)
+HEADROOM = 0.95  # a run may use this share of what is available (the rest: page cache, fragmentation, the parent)
+DEFAULT_MARGIN = 0.75  # the default --layers leaves a quarter of host and device free: estimates can be 25% low
+# Rough planning rates (stated, not measured): the run records hold the measured step times.
+ROUGH_RATES = {"gpu_tflops": 400.0,   # bf16 dense, achieved (H100 989 peak × ~0.4)
+               "host_gbps": 40.0,     # host memory traffic of the optimizer's cores (gpu-audit-2 F13: 35-55 GB/s)
+               "link_gbps": 25.0,     # pinned PCIe copies, one direction
+               "init_ns_per_param": 12.0}  # random init + cast on the host (gpu-audit-2 §2: 1-1.5 min at 6.7B)
+CPU_DEVICE_RATES = {"gpu_tflops": 0.2, "host_gbps": 5.0, "link_gbps": 5.0, "init_ns_per_param": 12.0}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama-architecture decoder: what the plan needs to count parameters per buffer."""
+
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    tied: bool = False
+    frozen_embedding: bool = False
+
+    @classmethod
+    def from_workload(cls, workload: dict[str, Any]) -> ModelShape:
+        """The shape of a workload dict (reproduce/llama7b.py's): the random-weight builders' fields, or a local
+        model folder's config.json."""
+        from zenflow.harness.workloads import CPU_SCALE_VOCAB, RANDOM_MODELS, Workload
+
+        w = Workload(**{k: v for k, v in workload.items() if k in Workload.__dataclass_fields__})
+        if w.model in RANDOM_MODELS:
+            return cls(CPU_SCALE_VOCAB, w.hidden, w.intermediate, w.layers, w.heads, w.heads,
+                       frozen_embedding=w.freeze_embedding)
+        config = _local_config(w.model)
+        heads = config["num_attention_heads"]
+        return cls(config["vocab_size"], config["hidden_size"], config["intermediate_size"],
+                   config["num_hidden_layers"], heads, config.get("num_key_value_heads") or heads,
+                   bool(config.get("tie_word_embeddings", False)), w.freeze_embedding)
+
+    def matrices(self) -> list[int]:
+        """Element counts of the trainable 2-D weights (column params), one entry per tensor."""
+        h, kv = self.hidden, self.hidden * self.kv_heads // self.heads
+        per_layer = [h * h, kv * h, kv * h, h * h, self.intermediate * h, self.intermediate * h,
+                     h * self.intermediate]
+        embedding = [] if self.frozen_embedding else [self.vocab * h]
+        head = [] if self.tied else [self.vocab * h]
+        return embedding + per_layer * self.layers + head
+
+    @property
+    def column_params(self) -> int:
+        return sum(self.matrices())
+
+    @property
+    def dense_params(self) -> int:
+        return (2 * self.layers + 1) * self.hidden  # two RMSNorms per layer and the final one
+
+    @property
+    def params(self) -> int:
+        """Trainable parameters."""
+        return self.column_params + self.dense_params
+
+    @property
+    def all_params(self) -> int:
+        """Every parameter the model holds (a frozen embedding too)."""
+        return self.params + (self.vocab * self.hidden if self.frozen_embedding else 0)
+
+    def widths(self) -> list[int]:
+        """Column count (`in`) of every column param, in matrices() order."""
+        h = self.hidden
+        per_layer = [h, h, h, h, h, h, self.intermediate]
+        return ([] if self.frozen_embedding else [h]) + per_layer * self.layers + ([] if self.tied else [h])
+
+
+@dataclass(frozen=True)
+class Need:
+    """One engine's estimate: bytes on the device, pinned and pageable on the host (one run, every process)."""
+
+    engine: str
+    device: int
+    pinned: int
+    pageable: int
+    step_s: float
+    init_s: float
+    note: str = ""
+
+    @property
+    def host(self) -> int:
+        return self.pinned + self.pageable
+
+    def run_s(self, steps: int) -> float:
+        return self.init_s + steps * self.step_s
+
+
+@dataclass
+class Host:
+    """What this host can give a run: host bytes available, device bytes (None: the device is the CPU)."""
+
+    available: int
+    device_total: int | None
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def measure(cls, cuda: bool) -> Host:
+        """MemAvailable, capped by the cgroup's limit minus its usage (a container's OOM killer acts on that)."""
+        available = _meminfo("MemAvailable")
+        source = f"MemAvailable {available / GiB:.1f} GiB"
+        limit = _cgroup_room()
+        if limit is not None and limit < available:
+            available, source = limit, f"{source}, cgroup room {limit / GiB:.1f} GiB"
+        device = None
+        if cuda:
+            import torch
+
+            device = torch.cuda.get_device_properties(0).total_memory
+        return cls(available, device, source)
+
+    @classmethod
+    def simulated(cls, host_gib: float, device_gib: float | None) -> Host:
+        device = int(device_gib * GiB) if device_gib else None
+        return cls(int(host_gib * GiB), device, f"simulated host: {host_gib:g} GiB")
+
+
+def pow2(n: int) -> int:
+    """torch's CachingHostAllocator rounds every pinned allocation up to a power of two."""
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def plan(engines: list[str], shape: ModelShape, dtype_bytes: int, cuda: bool, block: dict[str, Any],
+         seq_len: int, micro_batch: int, base: int) -> list[Need]:
+    """One Need per engine for one rank: device, pinned and pageable bytes (pinned is 0 where the device is the
+    CPU: nothing is pinned there, and the "device" tensors are host memory, counted as pageable)."""
+    return [estimate(e, shape, dtype_bytes, cuda, block, seq_len, micro_batch, base) for e in engines]
+
+
+def estimate(engine: str, shape: ModelShape, b: int, cuda: bool, block: dict[str, Any], seq_len: int,
+             micro_batch: int, base: int) -> Need:
+    P, Pall, mats = shape.params, shape.all_params, shape.matrices()
+    acts = activation_bytes(shape, seq_len, micro_batch, b)
+    model = b * Pall  # the model's parameters in the training dtype
+    grads = b * P
+    topk = block.get("topk_ratio", 0.1)
+    U = block.get("update_interval", 4) if isinstance(block.get("update_interval", 4), int) else 4
+    pin = pow2 if cuda else (lambda n: n)  # rounding only where torch pins
+    fp32_each = sum(pin(4 * n) for n in mats)  # a pinned fp32 copy per parameter (FSDP2, torchao, -gas)
+    ours = engine in ("ref-offload", "ref-offload-gas", "ref-zenflow")
+    zen = engine in ("ref-zenflow", "ds-zenflow")
+    cfg = {**block} if zen else dict(OFFLOAD_BLOCK)
+    host_share = 1 - topk if zen else 1.0  # the unselected columns' share of each weight
+    device, pinned, pageable, note = model + grads + acts, 0, 0, ""
+    if ours:
+        overlap = bool(cfg.get("overlap_step", False))
+        pinned, pageable = our_host_bytes(shape, topk if zen else 0.0, b, overlap, cuda,
+                                          int(cfg.get("full_warm_up_rounds", 0)))
+        device += 12 * (P - shape.column_params) + 12 * (1 - host_share) * shape.column_params  # fp32 state
+        if zen and overlap:
+            device += 3 * b * host_share * shape.column_params  # gathered sets in flight and the landing set
+    elif engine in ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow"):
+        pinned = pin(4 * P) + pin(b * P) + pin(4 * P)  # fp32 partition, training-dtype buffer, fp32 gradients
+        pageable = 8 * P  # CPU Adam's moments
+        if engine == "ds-zero-offload-gas":
+            pinned += fp32_each  # a CPU gradient accumulator per parameter
+        if engine == "ds-zenflow":
+            pageable += 16 * P + base  # shared fp32 partition, stale copy, 2 gradient buffers; its worker process
+            note = "DeepSpeed's ZenFlow worker is a second process"
+    elif engine == "ds-zero-infinity":
+        pinned = pin(4 * P) + pin(4 * P) + pin(b * P)  # fp32 parameters and gradients, the training-dtype params
+        pageable = 8 * P
+        device = b * max(mats) * 4 + grads // 8 + acts  # gathered layers only (medium-low confidence)
+        note = "ZeRO-3 estimate: medium-low confidence"
+    elif engine == "ds-twin-flow":
+        host = TWIN_FLOW_RATIO
+        pinned = pin(int(host * 8 * P))
+        pageable = int(host * 8 * P)
+        device += int((1 - host) * 12 * P)  # fp32 master and moments of the device sub-groups
+        note = "ZeRO-3 estimate: medium-low confidence"
+    elif engine == "fsdp2-offload":
+        pinned, pageable = 2 * fp32_each, 8 * P  # fp32 parameters and gradients per tensor; AdamW's moments
+        device = 4 * max(mats) * 4 + acts
+    elif engine == "torchao-offload":
+        pinned, pageable = 2 * fp32_each, 8 * P
+        device = 4 * Pall + 4 * P + acts + b * P  # fp32 params and grads, autocast copies
+    elif engine == "no-offload":
+        device += 2 * b * P  # torch AdamW's moments in the training dtype (no fp32 master)
+    elif engine == "no-offload-fp32":
+        device += 12 * P  # fp32 master and moments
+    if not cuda:  # the device is the CPU: its tensors are host memory, nothing is pinned
+        pageable, pinned, device = pageable + pinned + device, 0, 0
+    build = 4 * Pall  # the fp32 random init on the host, before the cast (and the move to the device)
+    pageable = base + max(pageable, build)
+    rates = ROUGH_RATES if cuda else CPU_DEVICE_RATES
+    return Need(engine, int(device), int(pinned), int(pageable), step_seconds(engine, shape, b, U, topk, seq_len *
+                                                                                micro_batch, rates),
+                15.0 + Pall * rates["init_ns_per_param"] * 1e-9, note)
+
+
+def our_host_bytes(shape: ModelShape, topk: float, b: int, overlap: bool, cuda: bool,
+                   warm_up: int) -> tuple[int, int]:
+    """ZenFlowAdamW's host buffers (pinned, pageable) at their peak: per host-owned element an fp32 master and two
+    moments (12 B), one fp32 accumulator per slot (two when overlapping), and in the staging arena one gradient
+    copy per staging turn (two for CUDA overlap) and one parameter copy in the training dtype. Host-owned: the
+    unselected columns (k = ceil(topk·in) selected), every column while warm-up steps run (W > 0)."""
+    from zenflow.selection import num_selected
+
+    accumulators, staging = (2 if overlap else 1), (2 if overlap and cuda else 1)
+    host_elements = 0
+    for numel, width in zip(shape.matrices(), shape.widths()):
+        k = 0 if warm_up > 0 else num_selected(width, topk)
+        host_elements += numel // width * (width - k)
+    pageable = host_elements * (12 + 4 * accumulators)
+    arena = host_elements * b * (staging + 1)
+    return (arena, pageable) if cuda else (0, pageable + arena)
+
+
+def step_seconds(engine: str, shape: ModelShape, b: int, U: int, topk: float, tokens: int,
+                 rates: dict[str, float]) -> float:
+    """Rough: compute 6·P·tokens at the stated rate, plus host optimizer traffic and link bytes (serial), except
+    ZenFlow's host work, which overlaps compute. Planning only."""
+    P = shape.params
+    compute = 6 * shape.all_params * tokens / (rates["gpu_tflops"] * 1e12)
+    host_per_param = {"no-offload": 0.0, "no-offload-fp32": 0.0, "ds-twin-flow": 40.0 * TWIN_FLOW_RATIO,
+                      "ds-zero-offload-gas": 40.0 / U, "ref-offload-gas": 40.0 / U}.get(engine, 40.0)
+    link = 0.0 if engine.startswith("no-offload") else 2 * b * P / (1 if not engine.endswith("-gas") else U)
+    if engine in ("ref-zenflow", "ds-zenflow"):
+        host = (1 - topk) * P * (10 + 34 / U) / (rates["host_gbps"] * 1e9)
+        link = (1 - topk) * b * P * (1 + 1 / U) / (rates["link_gbps"] * 1e9)
+        return max(compute + link, host)
+    return compute + host_per_param * P / (rates["host_gbps"] * 1e9) + link / (rates["link_gbps"] * 1e9)
+
+
+def activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, b: int) -> int:
+    """Activations kept for backward without recomputation (Korthikanti et al.'s 34·s·h + 5·a·s² per layer, in
+    16-bit units), plus the fp32 logits and their gradient."""
+    s, h, a = seq_len * micro_batch, shape.hidden, shape.heads
+    per_layer = (34 * s * h + 5 * a * seq_len * s) * b // 2
+    return shape.layers * per_layer + 3 * 4 * s * shape.vocab
+
+
+def fits(need: Need, host: Host, headroom: float = HEADROOM) -> str | None:
+    """Why `need` does not fit `host` (using `headroom` of it), in one line, or None."""
+    room = int(host.available * headroom)
+    if need.host > room:
+        return (f"needs ~{need.host / GiB:.1f} GiB host ({need.pinned / GiB:.1f} pinned + "
+                f"{need.pageable / GiB:.1f} pageable), {host.available / GiB:.1f} available ({host.source})")
+    if host.device_total is not None and need.device > host.device_total * headroom:
+        return f"needs ~{need.device / GiB:.1f} GiB on the device, {host.device_total / GiB:.1f} there"
+    return None
+
+
+def process_base_bytes(engines: list[str], cuda: bool) -> int:
+    """Measured: the peak resident set of a fresh interpreter that imports what a run child imports (and starts
+    CUDA where the runs will), the part of every run's host memory that does not depend on the model."""
+    imports = ("import torch, transformers, zenflow.harness.session, zenflow.harness.engines\n"
+               "from transformers import LlamaForCausalLM")
+    if any(e.startswith("ds-") for e in engines):
+        imports += "\ntry:\n    import deepspeed\nexcept Exception:\n    pass"
+    code = (f"{imports}\nimport resource\n" + ("torch.zeros(1, device='cuda')\n" if cuda else "")
+            + "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cuda" if cuda else "cpu")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode or not lines:
+        return 2 * GiB if cuda else GiB  # stated fallback when the probe fails
+    return int(lines[-1])
+
+
+def _meminfo(key: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/meminfo has no {key}")
+
+
+def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The cgroup's memory limit minus its usage (v2, then v1); None when unlimited or unknown."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            limit = (root / limit_file).read_text().strip()
+            usage = int((root / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 2**60:
+            return None
+        return int(limit) - usage
+    return None
+
+
+def _local_config(model: str) -> dict[str, Any]:
+    """config.json of a local folder, or of a hub id in the local Hugging Face cache; never fetched."""
+    path = Path(model).expanduser() / "config.json"
+    if not path.is_file():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, "config.json")
+        if not isinstance(cached, str):
+            raise FileNotFoundError(f"model {model!r}: no local config.json (not a folder, not in the Hugging Face "
+                                    "cache)")
+        path = Path(cached)
+    return json.loads(path.read_text())
+
+
+def render(needs: list[Need], host: Host, steps: int, shape: ModelShape, base: int, window_s: float) -> str:
+    """The plan as a Markdown table: per engine its estimates, its run time and whether it fits the host and the
+    command window (`window_s`: plan commands shorter than that)."""
+    from tabulate import tabulate
+
+    rows = []
+    for n in needs:
+        why = fits(n, host)
+        run_s = n.run_s(steps)
+        verdict = "does not fit: " + why if why else ("fits" if run_s <= window_s else
+                                                      f"fits; one run may not finish in {window_s / 60:.1f} min")
+        rows.append([n.engine, f"{n.device / GiB:.1f}" if host.device_total else "-", f"{n.pinned / GiB:.1f}",
+                     f"{n.pageable / GiB:.1f}", f"{n.host / GiB:.1f}", f"{n.step_s:.2f}", f"{run_s / 60:.1f}",
+                     verdict + (f" ({n.note})" if n.note else "")])
+    head = [f"Memory plan: {shape.all_params / 1e9:.3f}B parameters ({shape.params / 1e9:.3f}B trainable), "
+            f"{shape.layers} layers of hidden {shape.hidden}; host: {host.source}"
+            + (f", device {host.device_total / GiB:.1f} GiB" if host.device_total else ", the device is the CPU")
+            + f"; every run child: {base / GiB:.2f} GiB measured base + what its engine holds "
+            f"(at least the {4 * shape.all_params / GiB:.1f} GiB fp32 init).",
+            "ESTIMATES from the shape (zenflow/harness/memory_plan.py); s/step and run minutes are rough planning "
+            "figures (ROUGH_RATES), not measurements.", ""]
+    return "\n".join(head) + tabulate(rows, ["engine", "device GiB", "pinned GiB", "pageable GiB", "host GiB",
+                                             "~s/step", "~run min", "verdict"], tablefmt="github")
+
+
+def largest_layers(engines: list[str], shape: ModelShape, host: Host, dtype_bytes: int, cuda: bool,
+                   block: dict[str, Any], seq_len: int, micro_batch: int, base: int, most: int) -> int:
+    """The most layers (up to `most`) at which every engine in `engines` fits `host` with DEFAULT_MARGIN to spare
+    (the estimates of the ZeRO-3 peers are of medium-low confidence); at least 1."""
+    from dataclasses import replace
+
+    for layers in range(most, 0, -1):
+        needs = plan(engines, replace(shape, layers=layers), dtype_bytes, cuda, block, seq_len, micro_batch, base)
+        if all(fits(n, host, DEFAULT_MARGIN) is None for n in needs):
+            return layers
+    return 1
