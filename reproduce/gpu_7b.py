@@ -94,9 +94,11 @@ def commands(args: argparse.Namespace) -> list[list[str]]:
     """The sequence: the plan, one command per group of engines, the merged report."""
     script = [args.python, str(ROOT / "reproduce" / "llama7b.py"), *common_args(args)]
     out = ["--out", str(args.out)]
-    sequence = [[*script, "--plan"]]
+    ceiling = [args.python, "-m", "zenflow.harness.host_ceiling", "--out", str(args.out),
+               *(["--numel", str(2**20)] if args.rehearsal else [])]  # the host's rates, beside the speedup
+    sequence = [[*script, "--plan"], ceiling]
     seconds = run_seconds(args)
-    args.estimates = [0.0]
+    args.estimates = [0.0, 60.0]
     for group in chunks(args.engines, seconds, args.budget_s):
         args.estimates.append(sum(seconds[e] for e in group))
         sequence.append(["timeout", "-s", "TERM", str(WINDOW_S), *script, "--engines", *group, *out, "--resume"])
@@ -123,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code
     if args.rehearsal:
-        args.engines = [e for e in args.engines if e in REHEARSAL_ENGINES] if argv and "--engines" in argv \
-            else list(REHEARSAL_ENGINES)
+        args.engines = [e for e in args.engines if e in REHEARSAL_ENGINES]  # table order
     elif args.layers is None:
         args.layers = resolve_layers(args)
     args.out = args.out or ROOT / "build" / "llama7b" / ("rehearsal" if args.rehearsal else

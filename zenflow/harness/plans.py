@@ -16,7 +16,7 @@ from zenflow.harness.cli_checks import refuse
 from zenflow.harness.records import RunRecord, read_records
 from zenflow.harness.result_sets import StagedPlan
 from zenflow.harness.runner import run_in_subprocess
-from zenflow.harness.session import RunSpec
+from zenflow.harness.session import RunSpec, failed_record
 
 Report = Callable[[list[RunRecord], Path], Any]
 
@@ -26,6 +26,7 @@ class PlannedRun:
     name: str  # the record's file name
     spec: RunSpec
     protocol: dict[str, Any] = field(default_factory=dict)  # what --resume must also find in a record to keep it
+    skip: str | None = None  # why this run cannot run here (the memory plan's verdict): a skipped record, no child
 
 
 class BadInput(Exception):
@@ -60,6 +61,9 @@ def execute(out: Path, plan: list[PlannedRun], command: str, report: Report, res
     finally:
         signal.signal(signal.SIGTERM, previous)
     complete = staged.finish()
+    if staged.carried:  # not this plan's runs: say where they went, the report below covers this plan only
+        print(f"also moved into {out}: {', '.join(staged.carried)} (ok or skipped records an earlier plan left in "
+              f"{staged.stage}; --report-only tables every record there)", file=sys.stderr)
     report(records, out if complete else staged.stage)
     if not complete:
         print(f"failed runs: {out} is as it was; this plan's records and report are in {staged.stage}; --resume "
@@ -78,7 +82,11 @@ def _run_one(staged: StagedPlan, run: PlannedRun, i: int, n: int, resume: bool,
     if kept:
         return kept
     start = time.perf_counter()
-    record = run_in_subprocess(run.spec, staged.path(run.name))  # no DeepSpeed installed: a "skipped" record
+    if run.skip:  # known not to fit: say so in seconds instead of a child dying minutes later
+        failed_record(run.spec, run.skip, status="skipped").write(staged.path(run.name))
+        record = RunRecord.read(staged.path(run.name))
+    else:
+        record = run_in_subprocess(run.spec, staged.path(run.name))  # no DeepSpeed installed: a "skipped" record
     lines = (record.error or "").splitlines()
     found = next((line for line in lines if line.startswith(bad_input)), None) if bad_input else None
     if record.status != "ok" and found:

@@ -53,9 +53,19 @@ class PreflightError(RuntimeError):
 BUILD_LOCK_STALE_S = 900
 
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # zenflow/harness/preflight.py -> the repository root
+
+
 def torch_extensions_dir() -> Path:
-    """Where torch (and so DeepSpeed) JIT-builds its ops: $TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions."""
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    """Where the run children JIT-build DeepSpeed's ops (runner.child_env sets it) and so where check_build_locks
+    looks: $TORCH_EXTENSIONS_DIR when the user set it; in a checkout, its git-ignored build/torch_extensions (a warm
+    GPU machine keeps ignored build outputs between commands, not the home cache: gpu-audit-2 F16); installed as a
+    package, torch's own default (~/.cache/torch_extensions, or under $XDG_CACHE_HOME)."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    if (CHECKOUT / "pyproject.toml").is_file():  # site-packages has none
+        return CHECKOUT / "build" / "torch_extensions"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
 
 
 def stale_build_locks(root: Path | None = None, older_than_s: float = BUILD_LOCK_STALE_S,

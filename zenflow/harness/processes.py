@@ -7,22 +7,70 @@ with their GPU memory, NCCL ports and pinned host memory), waits a grace period,
 
 A session of its own also keeps the child out of the terminal's foreground group: Ctrl-C reaches the parent only,
 which then stops the group in order instead of every process dying at once.
+
+The other side of that: a parent that is SIGKILLed (a host's 10-minute command limit, the OOM killer) cannot stop
+anything, and the child, in a session of its own, would run on holding its GPU memory, pinned host memory and any
+op-build lock into the next command (gpu-audit-2 F6). So on Linux the child asks the kernel for SIGTERM when its
+parent dies (PR_SET_PDEATHSIG): SIGTERM, not SIGKILL, so the child's own cleanup runs (runner.exit_on_sigterm:
+the build lock's `finally`, its failure record); a DeepSpeed launcher or torchrun child passes SIGTERM on to its
+ranks. The kernel ties the signal to the *thread* that forked, not the process, so start_group asks for it only
+from the main thread: a child started from a helper thread would be killed when that thread ends.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 GRACE_S = 10.0  # SIGTERM -> SIGKILL; DeepSpeed's launcher needs a moment to terminate its ranks
+DEATH_SIGNAL = signal.SIGTERM  # what a child gets when its parent dies: catchable, so its cleanup runs
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def start_group(cmd: list[str], **popen_kwargs: Any) -> subprocess.Popen:
-    """`subprocess.Popen(cmd, ...)` as the leader of a new session and process group (pgid == pid)."""
-    return subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)
+def start_group(cmd: list[str], die_with_parent: bool = True, **popen_kwargs: Any) -> subprocess.Popen:
+    """`subprocess.Popen(cmd, ...)` as the leader of a new session and process group (pgid == pid). With
+    `die_with_parent` (Linux, called from the main thread) the child gets SIGTERM when this process dies, however
+    it dies; False (or elsewhere) it outlives a parent that is killed without stopping it."""
+    preexec = _death_signal_setter() if die_with_parent else None
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=preexec, **popen_kwargs)
+
+
+def _death_signal_setter() -> Callable[[], None] | None:
+    """A preexec_fn (runs in the child between fork and exec) that sets PR_SET_PDEATHSIG, or None where that is
+    unavailable (not Linux) or would fire too early (not the main thread: see the module docstring). Everything it
+    needs is looked up here, in the parent: the child only makes two system calls."""
+    prctl = _prctl()
+    if prctl is None or threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(DEATH_SIGNAL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect: no signal will come, act on it now
+            os._exit(128 + int(DEATH_SIGNAL))
+    return set_death_signal
+
+
+@functools.lru_cache(maxsize=1)
+def _prctl() -> Any:
+    """libc's prctl, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None).prctl  # the running interpreter's own libc
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]  # variadic in C: give every argument its full width
+    prctl.restype = ctypes.c_int
+    return prctl
 
 
 def group_alive(pgid: int) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from zenflow.harness import host_ceiling
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, PEER_ENGINES
 from zenflow.harness.records import RunRecord, skip_reason
 
@@ -66,7 +67,7 @@ def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
         if r.status == "ok":
             by_engine.setdefault(r.engine, []).append(r)
         elif r.status == "skipped":
-            skipped[r.engine] = "not installed" if "not installed" in (r.error or "") else "not run here"
+            skipped[r.engine] = skipped_cell(r.error)
     rows = []
     for engine in sorted(set(by_engine) | set(skipped), key=engine_rank):
         if engine not in by_engine:
@@ -96,6 +97,16 @@ def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
         row["stall_reduction"] = (1 - row["stall_ms"] / ref["stall_ms"]
                                   if ref and ref["stall_ms"] and row["stall_ms"] is not None else None)
     return rows
+
+
+def skipped_cell(error: str | None) -> str:
+    """A skipped engine's table cell: not installed, does not fit this host (the memory plan), or not run here."""
+    error = error or ""
+    if "not installed" in error:
+        return "not installed"
+    if error.startswith("needs ~"):
+        return "does not fit: " + error.split(",")[0]  # "needs ~X GiB host (...)": the rest is in the notes
+    return "not run here"
 
 
 def _empty_row(engine: str, note: str) -> dict[str, Any]:
@@ -193,6 +204,8 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
             f"ZenFlow block: {block}. Step times are means over whole update cycles; medians of the runs.",
             "", table(rows), ""]
     text += regime_notes(rows, records)
+    ceiling = host_ceiling_note(rows, first, block, out)
+    text += [ceiling] if ceiling else []
     (out / "table.md").write_text("\n".join(text) + "\n")
     write_csv(rows, out / "table.csv")
     if any(r["cycle_mean_ms"] for r in rows):
@@ -200,6 +213,18 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
                f"{label}; {params:.0f}M params, {w.get('dtype')}, seq {w.get('seq_len')}")
     print("\n".join(text))
     return "\n".join(text)
+
+
+def host_ceiling_note(rows: list[dict[str, Any]], first: RunRecord, block: dict[str, Any],
+                      out: Path) -> str | None:
+    """The speedup ref-zenflow / ref-offload beside the ceiling the host's measured rates allow (host_ceiling.py),
+    when the sequence measured them into this folder (or the result set above a `.partial/`)."""
+    rates = host_ceiling.load(out) or host_ceiling.load(out.parent)
+    index = {r["engine"]: r for r in rows}
+    base, zen = (index.get(e, {}).get("cycle_mean_ms") for e in ("ref-offload", "ref-zenflow"))
+    interval = block.get("update_interval") if isinstance(block.get("update_interval"), int) else 1
+    return host_ceiling.ceiling_note(rates, first.model.get("column_parameters", 0), block.get("topk_ratio", 0.0),
+                                     interval, base, base / zen if base and zen else None)
 
 
 def peer_notes(index: dict[str, dict[str, Any]]) -> list[str]:
@@ -263,7 +288,7 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord]) -> list[s
     failed = [f"{r.engine}" for r in records if r.status not in ("ok", "skipped")]
     if failed:
         notes.append(f"- FAILED runs (see their records): {', '.join(failed)}")
-    skipped = {r.engine: skip_reason(r.error) for r in records if r.status == "skipped"}
+    skipped = {r.engine: skip_reason(r.error).strip() for r in records if r.status == "skipped"}
     for engine in sorted(skipped, key=engine_rank):
         notes.append(f"- Not run: {engine}: {skipped[engine]}")
     return notes

@@ -6,7 +6,10 @@ records move into `<out>/` and `.partial/` is removed; until then `<out>/` keeps
 and a failed or interrupted plan's table goes to `.partial/` too. `--resume` keeps the ok records of the same runs
 (from `.partial/`, then `<out>/`) and reruns the rest; a start without `--resume` over an unfinished plan is refused
 before any run, so finished runs are never thrown away by accident. Staged records that are not part of the plan
-that completes (an earlier plan's, resumed with other arguments) are dropped with `.partial/`. docs/records.md.
+that completes (an earlier plan's, resumed with other arguments: `--engines A` killed after A's first run, then
+`--engines B --resume`) are complete records of runs into the same folder: the ok and skipped ones move into
+`<out>/` too (replacing an older record of the same name), only failed or unreadable ones are dropped with
+`.partial/`. docs/records.md.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ def unfinished_plan(out: Path) -> Path | None:
 
 def same_run(old: RunRecord, spec: Any, protocol: dict[str, Any] | None = None) -> bool:
     """Is `old` an ok record of the run `spec` (a RunSpec) describes: same engine, config, workload settings and the
-    given `protocol` entries? (--resume keeps such a record instead of running it again.)"""
-    return (old.status == "ok" and old.engine == spec.engine and old.config == spec.ds_config
+    given `protocol` entries? (--resume keeps such a record instead of running it again.) The config compared is
+    the spec's as given (`protocol.spec_config`), not the engine's resolution of it (Twin-Flow's sub_group_size
+    "auto" becomes a number); records written before spec_config existed only have `config`."""
+    asked = old.protocol.get("spec_config", old.config)
+    return (old.status == "ok" and old.engine == spec.engine and asked == spec.ds_config
             and all(old.workload.get(k) == v for k, v in spec.workload.items())
             and all(old.protocol.get(k) == v for k, v in (protocol or {}).items()))
 
@@ -47,6 +53,7 @@ class StagedPlan:
         self.stage.mkdir(parents=True, exist_ok=True)
         self.status: dict[str, str] = {}
         self.interrupted = False
+        self.carried: list[str] = []  # other plans' complete records finish() moved into `<out>/` as well
         self._write_marker()
 
     def path(self, name: str) -> Path:
@@ -89,16 +96,34 @@ class StagedPlan:
         self._write_marker()
 
     def finish(self) -> bool:
-        """Every run ok or skipped: move the records into `<out>/`, remove `.partial/`, True. Otherwise False and the
-        records stay staged (the caller writes its table there)."""
+        """Every run ok or skipped: move the records into `<out>/`, with the ok or skipped records other plans left
+        staged (`carried`), remove `.partial/`, True. Otherwise False and the records stay staged (the caller writes
+        its table there)."""
         if self.missing():
             self._write_marker()
             return False
         for name in self.names:
             if self.path(name).exists():
                 os.replace(self.path(name), self.out / name)
+        self.carried = self._complete_leftovers()
+        for name in self.carried:
+            os.replace(self.path(name), self.out / name)
         shutil.rmtree(self.stage)
         return True
+
+    def _complete_leftovers(self) -> list[str]:
+        """Staged records of other plans that are ok or skipped: runs that completed, never to be thrown away."""
+        found = []
+        for path in sorted(self.stage.glob("*.json")):
+            if path.name.startswith(".") or path.name in self.names:
+                continue
+            try:
+                status = RunRecord.read(path).status
+            except Exception:  # not a record (a report's file) or unreadable: nothing to keep
+                continue
+            if status in COMPLETE:
+                found.append(path.name)
+        return found
 
     def missing(self) -> list[str]:
         """Runs of the plan without an ok or skipped record."""

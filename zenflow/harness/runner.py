@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from zenflow.harness.peer_engines import unavailable
-from zenflow.harness.preflight import PreflightError, check_build_locks
+from zenflow.harness.preflight import PreflightError, check_build_locks, torch_extensions_dir
 from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.records import RunRecord, skip_error
 from zenflow.harness.session import RunSpec, Session, failed_record
@@ -72,8 +72,31 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
     finally:
         Path(f.name).unlink(missing_ok=True)
     if not out.exists():
-        failed_record(spec, f"child exited ({code}) without a record", stderr_tail).write(out)
+        _died(spec, code, stderr_tail).write(out)
     return RunRecord.read(out)
+
+
+def exit_reason(code: int | str | None) -> str:
+    """Why a child left no record, in words: a negative exit code is the signal that killed it (Popen's way)."""
+    if not isinstance(code, int) or code >= 0:
+        return f"child exited ({code}) without a record"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "an unknown signal"
+    reason = f"child killed by {name} (signal {-code}) without a record"
+    # The harness SIGKILLs a child only after SIGTERM, on a timeout or Ctrl-C, and those paths write their own
+    # record: this one came from outside, on a training host almost always the kernel's OOM killer.
+    return reason + (", likely the host's OOM killer (see dmesg)" if -code == signal.SIGKILL else "")
+
+
+def _died(spec: RunSpec, code: int | str | None, stderr_tail: str) -> RunRecord:
+    """The failed record of a child that left none. A killed child's stderr ends wherever it was cut (a progress
+    bar), so the reason also closes the error: the console shows the error's last line (plans._outcome)."""
+    reason = exit_reason(code)
+    if isinstance(code, int) and code < 0:
+        stderr_tail = f"{stderr_tail.rstrip()}\n{reason}" if stderr_tail.strip() else ""
+    return failed_record(spec, reason, stderr_tail)
 
 
 def _launcher(spec: RunSpec) -> list[str]:
@@ -96,8 +119,10 @@ def _launcher(spec: RunSpec) -> list[str]:
 
 def child_env(spec: RunSpec) -> dict[str, str]:
     """The run child's environment: ours, unbuffered, and DeepSpeed kept on the CPU for a cpu workload (it picks
-    CUDA whenever it can, and the child's environment capture resolves its accelerator before the engine exists)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    CUDA whenever it can, and the child's environment capture resolves its accelerator before the engine exists).
+    DeepSpeed's op builds go where check_build_locks looks (preflight.torch_extensions_dir: the user's
+    TORCH_EXTENSIONS_DIR, else the checkout's ignored build/, which a warm GPU machine keeps between commands)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir())}
     if spec.num_gpus == 1:  # a single process: a rank/world inherited from a torchrun or SLURM shell is not ours
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(key, None)

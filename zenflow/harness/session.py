@@ -13,6 +13,7 @@ fields, a `label`, `require_finite` and `evaluate(model) -> metrics` (the GLUE w
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import sys
@@ -108,6 +109,7 @@ class Session:
                                 workload=self.workload.description, environment=machine,
                                 model=model_facts(model))
         self.timeline = StepTimeline()
+        spec_config = copy.deepcopy(spec.ds_config)  # as asked for, copied before an engine sees it: --resume's key
         self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry,
                                   device=self.workload.device,
                                   repair_weight_view=bool(spec.extra.get("ds_repair_weight_view")))
@@ -122,7 +124,7 @@ class Session:
             "threads": torch.get_num_threads(), "rank_cores": rank_cores, "telemetry": spec.telemetry,
             "stall_includes_io": self.engine.stall_includes_io,
             "attribution": self.timeline.use_device(self.engine.device), "peak_memory": self.timeline.memory,
-            "weights_changed_at_init": len(self.engine.weights_changed_at_init),
+            "weights_changed_at_init": len(self.engine.weights_changed_at_init), "spec_config": spec_config,
             **getattr(self.workload, "protocol", {}), **spec.extra}
         self.record.warnings += init_warnings(self.engine)
         self.batches = self.workload.batches()
@@ -191,6 +193,7 @@ class Session:
                               **getattr(self.workload, "final_metrics", {})}
         if host_state is not None:
             record.metrics["host_state_bytes"] = host_state
+        record.metrics["peak_rss_bytes"] = peak_rss_bytes()  # what the memory plan's host estimate is checked against
         return record
 
     def _evaluate(self) -> tuple[dict[str, Any], float]:
@@ -226,6 +229,13 @@ def failed_record(spec: RunSpec, error: str, stderr_tail: str = "", status: str 
                      config=spec.ds_config, workload=spec.workload,
                      protocol={"warmup_steps": spec.warmup_steps, "timed_steps": spec.timed_steps,
                                "num_gpus": spec.num_gpus, "world_size": spec.num_gpus})
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set so far (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def world_size() -> int:
