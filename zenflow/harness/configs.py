@@ -16,7 +16,7 @@ CORE_ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "
 CONTROL_ENGINES = ("ds-zero-offload-gas", "ref-offload-gas")
 PEER_ENGINES = ("ds-zero-infinity", "ds-twin-flow", "fsdp2-offload", "torchao-offload")
 ENGINES = ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ds-zero-infinity", "ds-twin-flow", "ref-offload",
-           "ref-offload-gas", "ref-zenflow", "fsdp2-offload", "torchao-offload", "no-offload")
+           "ref-offload-gas", "ref-zenflow", "fsdp2-offload", "torchao-offload", "no-offload", "no-offload-fp32")
 
 # Twin-Flow: the share of the optimizer's sub-groups DeepSpeed keeps on the host (offload_optimizer.ratio), and how
 # many sub-groups the model is cut into for it (DeepSpeed splits by whole sub-groups; its default sub_group_size of
@@ -26,6 +26,10 @@ TWIN_FLOW_SUB_GROUPS = 16
 
 # ZeRO-Offload expressed as a ZenFlow block: nothing selected, every step a synchronous host update.
 OFFLOAD_BLOCK = {"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, "overlap_step": False}
+# no-offload-fp32, the comparable no-offload baseline: every column selected, so AdamW runs on the device every step
+# from an fp32 master and fp32 moments (torch.optim.AdamW's numbers on an fp32 copy: DESIGN's topk_ratio=1 oracle),
+# where no-offload is torch AdamW on the bf16 parameters themselves (small updates round away in bf16).
+DEVICE_FP32_BLOCK = {"topk_ratio": 1.0, "update_interval": 1, "select_interval": 10**9, "overlap_step": False}
 
 # DeepSpeedExamples' ZenFlow fine-tuning settings (the Llama-2-7B scenario, reproduce/llama7b.py, the benchmarks,
 # gpu-check). GLUE reselects twice as often (its epochs are short): GLUE_BLOCK.

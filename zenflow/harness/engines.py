@@ -3,6 +3,7 @@
 | engine            | optimizer                                                                 |
 |-------------------|---------------------------------------------------------------------------|
 | no-offload        | torch.optim.AdamW (fused) on the model's own params: the bound when it fits |
+| no-offload-fp32   | ZenFlowAdamW with topk_ratio=1: AdamW on the device from an fp32 master (the comparable bound) |
 | ref-offload       | ZenFlowAdamW with topk_ratio=0, update_interval=1, sync (our ZeRO-Offload) |
 | ref-zenflow       | ZenFlowAdamW with the given zenflow block                                  |
 | ds-zero-offload   | DeepSpeed ZeRO stage 2, offload_optimizer: cpu                             |
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from zenflow import ZenFlowAdamW
-from zenflow.harness.configs import ENGINES, OFFLOAD_BLOCK, TWIN_FLOW_RATIO, TWIN_FLOW_SUB_GROUPS
+from zenflow.harness.configs import DEVICE_FP32_BLOCK, ENGINES, OFFLOAD_BLOCK, TWIN_FLOW_RATIO, TWIN_FLOW_SUB_GROUPS
 from zenflow.telemetry.timeline import StepTimeline
 
 
@@ -56,6 +57,8 @@ def deepspeed_config(engine: str, zenflow_block: dict[str, Any], dtype: str, mic
         zero["zenflow"] = copy.deepcopy(zenflow_block)
     elif engine in ("ref-offload", "ref-offload-gas"):  # -gas: the gradient accumulation below, then one step
         zero["zenflow"] = dict(OFFLOAD_BLOCK)
+    elif engine == "no-offload-fp32":
+        zero["zenflow"] = dict(DEVICE_FP32_BLOCK)
     return {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": interval if engine.endswith("-gas") else 1,
@@ -106,7 +109,7 @@ class Engine:
 
 
 class TorchEngine(Engine):
-    """no-offload, ref-offload(-gas), ref-zenflow: a plain torch loop (gradient accumulation: ref-offload-gas)."""
+    """no-offload(-fp32), ref-offload(-gas), ref-zenflow: a plain torch loop (gradient accumulation: -gas)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
