@@ -1,13 +1,16 @@
 """`make gpu-check` (issue 11 item 6) and NVML for the run's own GPU (audit item 13), provable without a GPU:
-the smoke of the command, its fail-fast, the memory bound and PCIe agreement arithmetic, and the mapping of
-torch's visible devices to NVML handles by PCI bus id with a fake pynvml of a 4-GPU host."""
+the smoke of the command, a record that survives a kill after any check, its fail-fast, the 7B-shape plan, the
+rendering of a GPU record (NVML totals marked where a counter could have wrapped), and the mapping of torch's
+visible devices to NVML handles by PCI bus id with a fake pynvml of a 4-GPU host. The checks' own logic:
+tests/test_differential_check.py, tests/test_memory_check.py, tests/test_pcie_check.py."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import math
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -19,8 +22,10 @@ import pynvml
 import pytest
 import torch
 
+from zenflow.harness import differential as diffmod
 from zenflow.harness import gpu_check as gc
 from zenflow.harness import pcie_check as pc
+from zenflow.harness.differential import Trained
 from zenflow.telemetry import environment
 from zenflow.telemetry.nvml import NvmlSampler, nvml_snapshot, pci_bus_id
 
@@ -34,23 +39,35 @@ def _load(path: Path, name: str):
     return module
 
 
+cli = _load(ROOT / "reproduce" / "gpu_check.py", "gpu_check_cli")
+
+
 # --- the command -------------------------------------------------------------------------------------------------
+def _command(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "reproduce" / "gpu_check.py"), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+
+
 def test_smoke_runs_the_cpu_part_and_says_what_it_could_not_check(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "reproduce" / "gpu_check.py"), "--smoke", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = _command(tmp_path, "--smoke")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((tmp_path / "gpu-check.json").read_text())
     assert (tmp_path / "table.md").exists() and (tmp_path / "figure.png").stat().st_size > 0
     checks = {c["name"]: c for c in record["checks"]}
-    assert list(checks) == ["environment", "differential", "memory", "pcie", "engines"]
-    assert record["schema"] == gc.SCHEMA and record["mode"] == "smoke"
+    assert list(checks) == list(gc.CHECK_NAMES)
+    assert record["schema"] == gc.SCHEMA and record["mode"] == "smoke" and record["complete"] is True
     assert checks["engines"]["status"] == "pass"
     assert {r["engine"]: r["status"] for r in record["engines"]} == {"ref-offload": "ok", "ref-zenflow": "ok"}
     assert all(r["compute_ms"] is not None and r["stall_ms"] is not None for r in record["engines"])
-    assert len(record["differential"]) == len(gc.CASES)
+    assert [r["case"] for r in record["differential"]] == [*gc.CASES, "ref-zenflow-stress"]
+    for row in record["differential"]:  # F10: the maxima by kind, and what each device's run did
+        assert set(row["by_kind"]) == {"column", "dense", "losses"}
+        assert row["host_updates"][0] == row["host_updates"][1] > 0
     if torch.cuda.is_available():
         assert {c["status"] for c in checks.values()} <= {"pass", "not checked"}
         assert checks["differential"]["status"] == "pass" and record["differential"][0]["devices"] == "cuda vs cpu"
+        assert all(c["outcome"] == "failed as expected" for x in ("differential", "memory")
+                   for c in checks[x]["controls"])
     else:
         for name in ("environment", "differential", "memory", "pcie"):
             assert checks[name]["status"] == "not checked" and checks[name]["reason"], name
@@ -58,12 +75,42 @@ def test_smoke_runs_the_cpu_part_and_says_what_it_could_not_check(tmp_path):
         assert "no CUDA" in checks["memory"]["reason"] and "no CUDA" in checks["pcie"]["reason"]
         assert "exactly equal" in checks["differential"]["reason"]
         assert all(r["max_abs"] == 0.0 for r in record["differential"])
+        assert {c["outcome"] for x in ("differential", "memory", "pcie") for c in checks[x]["controls"]} == {
+            "not run"}
     table = (tmp_path / "table.md").read_text()
-    assert "| ref-zenflow-overlap" in table and "| ref-offload " in table
+    assert "| ref-zenflow-overlap" in table and "| ref-offload " in table and "Incomplete" not in table
+    assert "## Negative controls (each must fail)" in table
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_kill_after_check_k_leaves_a_record_with_checks_1_to_k(tmp_path, k):
+    """F3: the record and table are written atomically after every check, so SIGKILL (a command's time limit) after
+    check k leaves a record that parses and holds checks 1..k, the rest "not run"."""
+    proc = _command(tmp_path, "--smoke", env={**os.environ, cli.KILL_AFTER: str(k)})
+    assert proc.returncode == -signal.SIGKILL, proc.stdout[-2000:] + proc.stderr[-2000:]
+    record = json.loads((tmp_path / "gpu-check.json").read_text())
+    statuses = [c["status"] for c in record["checks"]]
+    assert "not run" not in statuses[:k] and statuses[k:] == ["not run"] * (len(gc.CHECK_NAMES) - k)
+    assert record["complete"] is False and [c["name"] for c in record["checks"]] == list(gc.CHECK_NAMES)
+    assert bool(record["differential"]) == (k >= 2)  # the finished check's rows are in the record too
+    table = (tmp_path / "table.md").read_text()
+    assert f"**Incomplete record**: {k} of {len(gc.CHECK_NAMES)} checks finished" in table
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu-check.json", "table.md"]  # no temporary left
+
+
+def test_the_engines_check_saves_the_record_after_every_run(tmp_path, monkeypatch):
+    from zenflow.harness import runner
+    from zenflow.harness.records import RunRecord
+
+    monkeypatch.setattr(runner, "run_in_subprocess", lambda spec, path, timeout_s: RunRecord(
+        engine=spec.engine, status="ok", summary={"cycle_mean_ms": 1.0}))
+    seen = []
+    plan = gc.engine_plan(False, True)
+    res, rows = gc.run_engines(plan, tmp_path, False, on_row=lambda r: seen.append(len(r)))
+    assert res["status"] == "pass" and seen == [1, 2] and len(rows) == 2
 
 
 def test_nvml_gpus_without_cuda_in_torch_stop_with_exit_2(monkeypatch, tmp_path, capsys):
-    cli = _load(ROOT / "reproduce" / "gpu_check.py", "gpu_check_cli")
     env = {"hardware_id": "cpu-scale-x-2c", "torch": {"version": "2.13.0+cpu", "cuda": None, "cuda_available": False},
            "nvml": {"available": True, "driver": "555.42.06", "devices": [{"name": "NVIDIA H100 80GB HBM3"}] * 2}}
     monkeypatch.setattr(cli, "capture_environment", lambda: env)
@@ -81,57 +128,20 @@ def test_cuda_unusable_only_when_nvml_sees_gpus_and_torch_cannot_use_them():
     assert gc.cuda_unusable({"nvml": {"available": False, "reason": "x"}, "torch": {"cuda_available": False}}) is None
 
 
-def test_memory_bound_is_one_set_of_unselected_columns():
-    model = torch.nn.Sequential(torch.nn.Linear(10, 4), torch.nn.LayerNorm(4),
-                                torch.nn.Linear(4, 3, dtype=torch.bfloat16))
-    # k = ceil(0.25 * 10) = 3 -> 4 * 7 * 4 B; k = ceil(0.25 * 4) = 1 -> 3 * 3 * 2 B; 1-D params never leave
-    assert gc.unselected_bound_bytes(model, 0.25) == 4 * 7 * 4 + 3 * 3 * 2
-    assert gc.unselected_bound_bytes(model, 0.0) == 4 * 10 * 4 + 3 * 4 * 2
-    conv = torch.nn.Conv2d(3, 8, 3)  # [8, 3, 3, 3] is viewed as [8, 27]
-    assert gc.unselected_bound_bytes(conv, 0.1) == 8 * (27 - math.ceil(2.7)) * 4
-
-
-# NVML bytes per payload byte of plain copies, as the first H100 (PCIe 5 x16) measured them in spirit: writes out
-# carry headers on TX, reads in carry completion headers on RX and send read requests on TX.
-OVERHEAD = {"d2h": {"tx_bytes": 1.10, "rx_bytes": 0.01}, "h2d": {"tx_bytes": 0.08, "rx_bytes": 1.07}}
-
-
-def test_our_bytes_predict_each_nvml_counter_through_the_links_overhead():
-    ours = {"d2h": 1000, "h2d": 2000}
-    assert pc.predicted(ours, OVERHEAD, "tx_bytes") == pytest.approx(1000 * 1.10 + 2000 * 0.08)
-    assert pc.predicted(ours, OVERHEAD, "rx_bytes") == pytest.approx(1000 * 0.01 + 2000 * 1.07)
-    assert pc.predicted(ours, {"d2h": {"tx_bytes": None}, "h2d": {"tx_bytes": 1.0}}, "tx_bytes") is None
-
-
-def test_pcie_agreement_within_tolerance_of_the_prediction_or_a_recorded_reason():
-    assert pc.agreement(1040, 1000.0, 900, 0) == ("pass", None)
-    assert pc.agreement(960, 1000.0, 900, 0) == ("pass", None)
-    status, reason = pc.agreement(1200, 1000.0, 1000, 5000)
-    assert status == "fail" and "1.200x what our bytes predict" in reason and "≈5000 B over the same time" in reason
-    assert pc.agreement(None, 1000.0, 1000, None)[0] == "not checked"
-    assert pc.agreement(10, 0.0, 0, 0)[0] == "not checked"
-
-
-def test_the_first_h100_reading_passes_once_the_overhead_is_measured_and_an_uncounted_copy_fails():
-    ours = {"d2h": 3221225472, "h2d": 3221225472}  # ref-offload, 12 steps of 4 x 4096x4096 fp32, both ways
-    dev = {"counters": "nvml_fi", "name": "H100", "pci_bus_id": "b",
-           "tx_bytes": round(pc.predicted(ours, OVERHEAD, "tx_bytes") * 1.01),
-           "rx_bytes": round(pc.predicted(ours, OVERHEAD, "rx_bytes") * 0.99)}
-    res = pc.verdict(ours, OVERHEAD, dev, {"tx_bytes": 10, "rx_bytes": 20}, window=4.0, idle_s=2.0)
-    assert res["status"] == "pass", res["reason"]
-    assert res["directions"]["d2h"]["overhead"] == 1.10 and res["tolerance"] == pc.TOLERANCE
-    missed = dict(ours, h2d=ours["h2d"] // 2)  # half the uploads not counted: the counters must not explain NVML
-    res = pc.verdict(missed, OVERHEAD, dev, {"tx_bytes": 10, "rx_bytes": 20}, window=4.0, idle_s=2.0)
-    assert res["status"] == "fail" and res["directions"]["h2d"]["status"] == "fail" and "≈40 B" in res["reason"]
-    dev = {"tx_bytes": 1180, "rx_bytes": None, "counters": "unsupported", "counter_errors": {"rx": "Not Supported"}}
-    res = pc.verdict({"d2h": 1000, "h2d": 1000}, OVERHEAD, dev, {}, window=1.0, idle_s=1.0)
-    assert res["status"] == "not checked" and "counters unsupported" in res["reason"]
-
-
-def test_memory_verdict_against_the_bound():
-    assert gc.memory_verdict(100, 150, 50)["status"] == "pass"
-    res = gc.memory_verdict(100, 151, 50)
-    assert res["status"] == "fail" and res["extra_bytes"] == 51 and "bound" in res["reason"]
+def test_the_7b_shapes_are_8_llama2_7b_layers_in_their_own_short_command():
+    """F3: 32 layers overran a 10-minute command; 8 layers of Llama-2-7B's shapes, 2 + 4 steps, GPU only."""
+    plan = gc.engine_plan(cuda=True, smoke=False, llama7b=True)
+    assert [e for e, _, _ in plan] == ["ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload"]
+    for _, workload, steps in plan:
+        assert {k: workload[k] for k in ("hidden", "layers", "intermediate", "heads")} == {
+            "hidden": 4096, "layers": 8, "intermediate": 11008, "heads": 32}
+        assert workload["model"] == "cpu-scale" and steps == {"warmup_steps": 2, "timed_steps": 4}
+    assert gc.engine_plan(cuda=False, smoke=False, llama7b=True) == []
+    res, rows = gc.run_engines([], Path("unused"), False)
+    assert res["status"] == "not checked" and "GPU host" in res["reason"] and rows == []
+    assert "8 of its 32 layers" in cli.LLAMA7B_HELP and "4-6 min" in cli.LLAMA7B_HELP
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--smoke", "--llama7b-shapes"])
 
 
 def test_a_check_that_raises_becomes_a_failed_check():
@@ -140,30 +150,49 @@ def test_a_check_that_raises_becomes_a_failed_check():
     assert gc.guarded("memory", lambda x: x, 3) == 3
 
 
-def test_a_gpu_record_renders_its_memory_pcie_and_engine_tables_and_figure(tmp_path):
-    """The GPU-only sections of the table and figure, drawn from a record shaped as a GPU host writes it."""
+# NVML bytes per payload byte of plain copies (pcie_check.link_overhead), in the spirit of the first H100's
+OVERHEAD = {"d2h": {"tx_bytes": 1.10, "rx_bytes": 0.01}, "h2d": {"tx_bytes": 0.08, "rx_bytes": 1.07},
+            "devices": [{"counter_bits": {"tx": 32, "rx": 32}, "wrap_ambiguous": False}] * 2}
+
+
+def _window(ours_by_kind: dict[str, int], wrap: bool) -> dict:
+    ours = pc.per_direction(ours_by_kind)
+    dev = {"counters": "nvml_fi", "counter_bits": {"tx": 32, "rx": 32}, "counter_max_gap_s": 0.1 if wrap else 0.012,
+           "wrap_ambiguous": wrap, **{c: round(pc.predicted(ours, OVERHEAD, c)) for c in ("tx_bytes", "rx_bytes")}}
+    return pc.window_verdict(ours_by_kind, OVERHEAD, dev, {"tx_bytes": 0, "rx_bytes": 0}, 1.0, 1.0, asymmetric=wrap)
+
+
+def test_a_gpu_record_renders_its_memory_pcie_controls_and_engine_tables_and_figure(tmp_path):
+    """The GPU-only sections of the table and figure, drawn from a record shaped as a GPU host writes it; an NVML
+    total whose 32-bit counter could have wrapped between reads is marked (F17)."""
     env = {"hardware_id": "nvidia-h100-80gb-hbm3x1-pcie5", "driver": "555.42.06", "nvml": "available",
            "torch": "2.11.0", "torch_cuda_build": "13.0", "cuda_available": True, "deepspeed": None,
            "gpus": [{"cuda_index": 0, "name": "NVIDIA H100 80GB HBM3", "pcie_gen": 5, "pcie_gen_max": 5,
                      "pcie_width": 16, "pcie_width_max": 16, "pcie_counters": {"tx": None, "rx": None}}]}
-    pcie = pc.verdict({"d2h": 1000, "h2d": 1000}, OVERHEAD,
-                      {"tx_bytes": 1190, "rx_bytes": 1080, "counters": "nvml_fi"},
-                      {"tx_bytes": 0, "rx_bytes": 0}, 1.0, 1.0)
+    pcie = pc.pcie_verdict({"ref-offload": _window({"d2h/grads": 1000, "h2d/params": 1000}, wrap=False),
+                            "ref-zenflow": _window({"d2h/grads": 4000, "h2d/params": 1000}, wrap=True)}, OVERHEAD)
     engines = [{"engine": "ds-zenflow", "shape": "h512x8", "status": "not installed", "error": ["not installed"]},
                {"engine": "ref-zenflow", "shape": "h512x8", "status": "ok", "cycle_mean_ms": 30.0,
                 "compute_ms": 25.0, "io_ms": 1.0, "stall_ms": 4.0, "stall_includes_io": False, "error": None}]
-    diff = [{"case": c, "devices": "cuda vs cpu", "steps": 24, **gc.compare({"w": torch.ones(3)},
-                                                                              {"w": torch.ones(3) + 1e-6})}
-            for c in gc.CASES]
-    record = {"environment": env, "differential": diff, "engines": engines,
-              "checks": [gc.check("environment", "pass"), gc.check("differential", "pass"),
-                         gc.memory_verdict(2**30, 2**30 + 2**20, 2**21), pcie,
+    ref = {"w": torch.ones(3, 2), "b": torch.ones(3), "<losses>": torch.ones(4)}
+    run = lambda t: Trained(t, 8, 120)  # noqa: E731
+    diff = [diffmod.case_row(c, ("cuda", "cpu"), 24, run(ref), run(ref | {"w": ref["w"] + 1e-6})) for c in gc.CASES]
+    memory = gc.memory_verdict(2**30, 2**30 + 2**20, 2**21, 2**30 + 2**23, steps=12, metric="active_bytes.all.peak")
+    record = {"environment": env, "differential": diff, "engines": engines, "complete": True,
+              "checks": [gc.check("environment", "pass"), diffmod.differential_verdict(diff, []), memory, pcie,
                          gc.check("engines", "pass", "not installed: ['ds-zenflow']", scale="gpu")]}
     text = gc.markdown(record)
     rows = [re.sub(r"\s*\|\s*", "|", line) for line in text.splitlines()]
-    assert "|1024.0|1025.0|1.0|2.0|pass|" in rows  # sync, overlap, extra and bound MiB
-    assert "|d2h|1000|1190|1180|1.190|1.100|0|pass|" in rows and "|h2d|1000|1080|1080|1.080|1.070|0|pass|" in rows
-    assert "byte counters answered" in text
+    assert "|1024.0|1025.0|1.0|2.0|8.0|pass|" in rows  # sync, overlap, extra, bound, no-backpressure extra MiB
+    assert "|ref-offload|d2h|1000|1180|1180|1.180|1.100|0|pass|" in rows
+    assert "|ref-zenflow|d2h|4000|4480†|4480|1.120|1.100|0|not checked|" in rows
+    assert "† a counter of this width could have wrapped" in text and "ref-zenflow: 32-bit" in text
+    # the difference is in the column param only (1e-6 in fp32 is 2^-20): dense params and losses read 0
+    assert "|ref-zenflow-sync|cuda vs cpu|24|9.54e-07|8.67e-03|0.00e+00|0.00e+00|0|8|120|rtol 0.0001, atol 1e-05|" \
+        in rows
+    assert "|memory|overlap without backpressure|failed as expected|" in "\n".join(rows)
+    assert "|pcie|ref-offload: d2h/grads left uncounted|failed as expected|" in "\n".join(rows)
+    assert "byte counters answered" in text and "(tolerance ±1%)" in text
     assert "|ref-zenflow|h512x8|ok|30.0|25.0|1.0|4.0||" in rows
     assert "|ds-zenflow|h512x8|not installed|—|—|—|—|not installed|" in rows
     assert "cuda:0 NVIDIA H100 80GB HBM3 PCIe gen 5/5 x16/16" in text
@@ -174,15 +203,17 @@ def test_a_gpu_record_renders_its_memory_pcie_and_engine_tables_and_figure(tmp_p
 def test_verdict_fails_only_on_a_failed_check():
     assert gc.verdict([gc.check("a", "pass"), gc.check("b", "not checked", "no CUDA")]) == 0
     assert gc.verdict([gc.check("a", "pass"), gc.check("b", "fail", "off")]) == 1
+    assert gc.verdict([gc.check("a", "pass"), gc.pending("b")]) == 0
 
 
-def test_write_json_is_atomic(tmp_path, monkeypatch):
+def test_writes_are_atomic(tmp_path, monkeypatch):
     path = tmp_path / "r.json"
     gc.write_json(path, {"a": 1})
-    monkeypatch.setattr(json, "dump", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):
         gc.write_json(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 # --- NVML: the run's own GPUs (audit item 13) ---------------------------------------------------------------------

@@ -176,10 +176,13 @@ class NvmlSampler:
     """`with NvmlSampler() as s: ...; s.result()`. Pass `nvml=` only to substitute a recorded fake in tests."""
 
     def __init__(self, device_indices: list[int] | None = None, interval_s: float = 0.05, nvml: Any = None,
-                 bus_ids: list[str | None] | None | str = TORCH_VISIBLE) -> None:
+                 bus_ids: list[str | None] | None | str = TORCH_VISIBLE, rates: bool = True) -> None:
         """`device_indices`: NVML indices to sample; default: the GPUs this process's torch uses, found by PCI bus
-        id (`bus_ids`, asked from torch unless given; None: torch has no CUDA, so every GPU, scope "all")."""
+        id (`bus_ids`, asked from torch unless given; None: torch has no CUDA, so every GPU, scope "all").
+        `rates=False`: read only the byte counters (no throughput, utilisation or link queries, which block ~20 ms
+        each), so the gap between two counter reads stays near `interval_s` (the PCIe check's wrap safety)."""
         self._nv = pynvml if nvml is None else nvml
+        self._rates = rates
         self._indices, self._interval, self._bus_ids = device_indices, interval_s, bus_ids
         self._scope: str | None = None  # "explicit" | "visible" | "all" (which GPUs were sampled, and why)
         self._mapping_errors: list[str] = []
@@ -240,11 +243,14 @@ class NvmlSampler:
     def _run(self) -> None:
         try:
             while True:
-                for dev in self._devs:
-                    # Counters are re-read before each GPU's rate queries: nvmlDeviceGetPcieThroughput blocks ~20 ms
-                    # per direction, and with several GPUs a 32-bit counter could otherwise wrap unseen.
+                if not self._rates:  # counters only: one read of every GPU per tick
                     self._read_counters()
-                    self._sample_rates(dev)
+                else:
+                    for dev in self._devs:
+                        # Counters are re-read before each GPU's rate queries: nvmlDeviceGetPcieThroughput blocks
+                        # ~20 ms per direction, and with several GPUs a 32-bit counter could otherwise wrap unseen.
+                        self._read_counters()
+                        self._sample_rates(dev)
                 if self._stop.wait(self._interval):
                     return
         except Exception as e:  # a sampler bug must not kill the run; it is reported in the result
@@ -310,7 +316,7 @@ class NvmlSampler:
         if self._reason is not None:
             return {"available": False, "reason": self._reason, "driver": self._driver, "devices": []}
         out = {"available": True, "reason": None, "driver": self._driver, "interval_s": self._interval,
-               "scope": self._scope, "mapping_errors": list(self._mapping_errors)}
+               "rates": self._rates, "scope": self._scope, "mapping_errors": list(self._mapping_errors)}
         return out | {"sampler_error": self._thread_error, "devices": [self._device_result(d) for d in self._devs]}
 
     @staticmethod
@@ -327,7 +333,10 @@ class NvmlSampler:
             "counter_errors": {"tx": tx["error"], "rx": rx["error"]},
             "counter_reads": d["reads"],
             "counter_max_gap_s": d["max_gap_s"],
-            "wrap_ambiguous": wrap_ambiguous(d["max_gap_s"], bits, d["pcie_gen"], d["pcie_width"]),
+            # the fastest the link can run (its maximum, else the fastest seen): an idle link trains down, and
+            # without rate sampling the current gen is only read once, at the start
+            "wrap_ambiguous": wrap_ambiguous(d["max_gap_s"], bits, max(d["pcie_gen"] or 0, d["pcie_gen_max"] or 0),
+                                             max(d["pcie_width"] or 0, d["pcie_width_max"] or 0)),
             "samples": d["ticks"],
             **{k: summarize(d[k]) for k in _SERIES},
             "errors": dict(d["errors"]),
