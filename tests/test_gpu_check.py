@@ -135,7 +135,7 @@ def test_the_7b_shapes_are_8_llama2_7b_layers_in_their_own_short_command():
     for _, workload, steps in plan:
         assert {k: workload[k] for k in ("hidden", "layers", "intermediate", "heads")} == {
             "hidden": 4096, "layers": 8, "intermediate": 11008, "heads": 32}
-        assert workload["model"] == "cpu-scale" and steps == {"warmup_steps": 2, "timed_steps": 4}
+        assert workload["model"] == "llama2-7b-shape" and steps == {"warmup_steps": 2, "timed_steps": 4}
     assert gc.engine_plan(cuda=False, smoke=False, llama7b=True) == []
     res, rows = gc.run_engines([], Path("unused"), False)
     assert res["status"] == "not checked" and "GPU host" in res["reason"] and rows == []

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from zenflow.harness.checks import check, guarded, pending, verdict  # noqa: F401  (verdict, guarded: re-exported)
-from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, SHAPES
 from zenflow.harness.differential import (  # noqa: F401  (re-exported: tests/test_cuda_differential.py reads them here)
     ATOL,
     CASES,
@@ -42,9 +42,10 @@ SCHEMA = "gpu-check/2"
 CHECK_NAMES = ("environment", "differential", "memory", "pcie", "engines")
 # The engines' zenflow block is reproduce/llama7b.py's (DeepSpeedExamples' Llama-2 settings).
 ENGINE_BLOCK = DEEPSPEED_EXAMPLES_BLOCK
-# --llama7b-shapes: Llama-2-7B's layer shapes (vocab 32000: the cpu-scale builder's), 8 of its 32 layers (1.88B
-# parameters; every engine fits one H100 and 126 GiB of host, gpu-audit-2 §7), one update cycle timed (U = 4).
-LLAMA7B_SHAPE = {"hidden": 4096, "layers": 8, "intermediate": 11008, "heads": 32}
+# --llama7b-shapes: Llama-2-7B's layer shapes (reproduce/llama7b.py --shape llama2-7b's model), 8 of its 32 layers
+# (1.88B parameters; every engine fits one H100 and 126 GiB of host: the memory plan), one update cycle timed (U = 4).
+LLAMA7B_SHAPE = {"model": "llama2-7b-shape", **{k: v for k, v in SHAPES["llama2-7b"].items() if k != "layers"},
+                 "layers": 8}
 LLAMA7B_STEPS = {"warmup_steps": 2, "timed_steps": 4}
 
 
