@@ -271,8 +271,12 @@ def test_snapshot_maps_torch_devices_to_nvml_by_pci_bus_id_and_the_hardware_id_c
     assert snap["devices"][2]["pci_bus_id"] == BUS[2] and snap["mapping_errors"] == []
     assert snap["devices"][2]["pcie_counters"] == {"tx": None, "rx": None}
     env = {"cpu": {"model": "AMD EPYC 7763", "allowed_cores": 16}, "nvml": snap,
-           "torch": {"cuda_available": True, "cuda_devices": ["NVIDIA H100 80GB HBM3"]}}
-    assert environment.hardware_id(env) == "nvidia-h100-80gb-hbm3x1-pcie5"  # one GPU, its own link (gen 5)
+           "torch": {"cuda_available": True, "cuda_devices": ["NVIDIA H100 80GB HBM3"]},
+           "memory_total_bytes": 135_148_564_480}  # the committed H100 host: 125.9 GiB
+    # one GPU, its own link (gen 5), and the host it is bound by (F14)
+    assert environment.hardware_id(env) == "nvidia-h100-80gb-hbm3x1-pcie5-16c-126g"
+    bigger = {**env, "cpu": {**env["cpu"], "allowed_cores": 128}, "memory_total_bytes": 2**40}
+    assert environment.hardware_id(bigger) == "nvidia-h100-80gb-hbm3x1-pcie5-128c-1024g"
     facts = _load(ROOT / "bench" / "conftest.py", "bench_conftest").machine_facts(env)
     assert (facts["gpu_count"], facts["pcie_gen"], facts["pcie_width"]) == (1, 5, 16)
     # CUDA_VISIBLE_DEVICES=3,0: torch's order, not NVML's

@@ -144,14 +144,19 @@ def _gpus(env: dict[str, Any]) -> tuple[list[str], int | None]:
 
 
 def hardware_id(env: dict[str, Any]) -> str:
-    """Short filesystem-safe hardware class: 'cpu-scale-<cpu>-<n>c' or '<gpu>x<count>-pcie<gen>', counting only the
-    GPUs this process uses; a process whose torch cannot use CUDA ran on the CPU and is 'cpu-scale' (audit 16)."""
+    """Short filesystem-safe hardware class: 'cpu-scale-<cpu>-<n>c' or '<gpu>x<count>-pcie<gen>-<n>c-<m>g', counting
+    only the GPUs this process uses; a process whose torch cannot use CUDA ran on the CPU and is 'cpu-scale' (audit
+    16). A GPU id names the host's cores and memory (GiB, rounded) too: offload engines are host-bound, so a 16-core
+    128 GiB VM and a 128-core 1 TB node must not share a results folder or a benchmark baseline (gpu-audit-2 F14).
+    cpu-scale ids name the cores already (the device is the host)."""
     names, gen = _gpus(env)
     if not names:
         return f"cpu-scale-{_slug(env['cpu']['model'] or 'unknown')}-{env['cpu']['allowed_cores']}c"
     # Mixed GPU models are listed in order, each with its count, so two such hosts compare equal only if they match.
     parts = [f"{_slug(n)}x{names.count(n)}" for n in dict.fromkeys(names)]
-    return "-".join(parts) + (f"-pcie{gen}" if gen else "-pcie-unknown")
+    memory = env.get("memory_total_bytes")
+    host = f"-{env['cpu']['allowed_cores']}c-" + (f"{round(memory / 2**30)}g" if memory else "mem-unknown")
+    return "-".join(parts) + (f"-pcie{gen}" if gen else "-pcie-unknown") + host
 
 
 def hardware_label(env: dict[str, Any]) -> str:
