@@ -83,7 +83,8 @@ def main() -> None:
     opt.close()
     plain = model.module if args.ddp else model
     torch.save({k: v.detach().clone() for k, v in plain.state_dict().items()}, args.out / f"params-rank{rank}.pt")
-    torch.save({**opt.transfer_bytes, "host_state_bytes": opt.host_state_bytes}, args.out / f"bytes-rank{rank}.pt")
+    torch.save({**opt.transfer_bytes, "host_state_bytes": opt.host_state_bytes,
+                "host_staging_bytes": opt.host_staging_bytes}, args.out / f"bytes-rank{rank}.pt")
     dist.destroy_process_group()
     # no interpreter teardown: a DDP Reducer freed at exit can deadlock with gloo's thread (zenflow/harness/runner.py)
     sys.stdout.flush()

@@ -229,7 +229,7 @@ CASES = [
                  r".*'topk_ratio': 0\.1.*resume with the same zenflow block", id="state_dict-other-zenflow-config"),
     pytest.param(load(lambda ps: torch.optim.AdamW(ps), update_interval=1),
                  r"state_dict format = None is not allowed: expected one of \('zenflow-adamw/1', "
-                 r"'zenflow-adamw/2', 'zenflow-adamw/3'\)", id="state_dict-torch-AdamW"),
+                 r"'zenflow-adamw/2', 'zenflow-adamw/3', 'zenflow-adamw/4'\)", id="state_dict-torch-AdamW"),
 ]
 
 

@@ -2,7 +2,9 @@
 
 Saved: device masters, moments, selected indices and step counts; the host master, moments, row layout, step
 count and accumulators; the step counters; whether an overlapped host result still awaits its upload (the host
-state already holds that result, so the upload is recomputed from it on resume).
+state already holds that result, so the upload is recomputed from it on resume). A host part not built yet
+(HostColumns.pending: before its first offload) is saved as its columns and row count, with `host_master` None:
+its values are the model's, saved with the model.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import torch
 from zenflow.auto_interval import MassReport
 from zenflow.config import ConfigError
 from zenflow.host import HostColumns
+from zenflow.ownership import carve_staging
 
 if TYPE_CHECKING:
     from zenflow.optimizer import ZenFlowAdamW
 
 # 2: the "auto" interval's history is per-step masses (auto_interval.py); 3: data parallelism (rank, world_size,
-# each weight's width: a rank holds only its block of the host columns)
-FORMAT = "zenflow-adamw/3"
-READABLE = ("zenflow-adamw/1", "zenflow-adamw/2", FORMAT)  # /1: an empty "auto" history; /1, /2: one process
+# each weight's width: a rank holds only its block of the host columns); 4: host parts not built yet (host_master
+# None, host_rows). Older ones read as: /1 an empty "auto" history; /1, /2 one process; /1-/3 every host part built.
+FORMAT = "zenflow-adamw/4"
+READABLE = ("zenflow-adamw/1", "zenflow-adamw/2", "zenflow-adamw/3", FORMAT)
 HOST_TENSORS = ("master", "exp_avg", "exp_avg_sq", "cols")
+HOST_BLOCKS = ("host_master", "host_exp_avg", "host_exp_avg_sq")  # [out, n_host] each (None: not built yet)
 DEVICE_TENSORS = ("sel", "unsel", "d_master", "d_exp_avg", "d_exp_avg_sq")
 DENSE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
 
@@ -38,7 +43,7 @@ def pack(opt: ZenFlowAdamW) -> dict[str, Any]:
             entry = {name: st[name] for name in DEVICE_TENSORS} | {"d_step": st["d_step"]}
             entry |= {f"host_{name}": getattr(part, name) for name in HOST_TENSORS}
             entry |= {"host_accumulators": list(part.accumulators), "host_counts": list(part.counts),
-                      "host_step": part.step, "host_staged": part.staged, "width": st["width"]}
+                      "host_step": part.step, "host_staged": part.staged, "width": st["width"], "host_rows": part.rows}
         else:
             entry = {name: st[name] for name in DENSE_TENSORS} | {"step": st["step"]}
         state[index[id(p)]] = entry
@@ -81,6 +86,8 @@ def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
     opt._since_boundary, opt._slot = z["since_boundary"], z["slot"]
     opt._select_next = z.get("select_next", False)
     opt._auto_history = [MassReport.from_state(r) for r in z.get("auto_history", [])]
+    built = [st["host"] for _, st in opt._column_states() if st["host"].built]
+    carve_staging(opt._arena, built, opt._settle)  # the restored parts' staging: a drain may upload from it
     if z["pending_upload"]:
         opt._start_worker()
         done: Future = Future()
@@ -98,9 +105,10 @@ def _check_entry(p: torch.Tensor, st: dict, entry: dict) -> None:
                 _check_shape(name, st[name], entry[name])
         return
     width = st["width"]
-    saved_width = entry.get("width", entry["host_master"].shape[1] + entry["sel"].numel())  # /1: one process
-    if (p.shape[0], width) != (entry["host_master"].shape[0], saved_width):
-        raise ConfigError(f"state_dict host_master: a weight of {entry['host_master'].shape[0]}x{saved_width} "
+    saved_width = entry["width"] if "width" in entry else entry["host_master"].shape[1] + entry["sel"].numel()  # /1
+    rows = entry["host_rows"] if "host_rows" in entry else entry["host_master"].shape[0]  # /1-/3
+    if (p.shape[0], width) != (rows, saved_width):
+        raise ConfigError(f"state_dict host_master: a weight of {rows}x{saved_width} "
                           f"does not match the parameter's {p.shape[0]}x{width}")
 
 
@@ -122,15 +130,16 @@ def _restore_entry(opt: ZenFlowAdamW, p: torch.Tensor, st: dict, entry: dict) ->
         st["step"] = int(entry["step"])
         return
     part = st["host"]
-    restored = HostColumns.create(*(entry[f"host_{name}"].to("cpu", copy=True) for name in HOST_TENSORS),
-                                  model_dtype=p.dtype, n_accumulators=len(part.accumulators),
-                                  host_empty=opt.link.host_empty, step=int(entry["host_step"]),
-                                  n_staging=len(part.grad_staging))
-    for acc, saved in zip(restored.accumulators, entry["host_accumulators"]):
-        acc.copy_(saved)
-    restored.counts, restored.staged = list(entry["host_counts"]), entry["host_staged"]
-    if restored.staged:  # the staged upload is a pure function of the host master
-        restored.param_staging.copy_(restored.master)
+    cols = entry["host_cols"].to("cpu", copy=True)
+    if entry["host_master"] is None:  # not built yet: built at its first offload, from the (restored) model
+        restored = HostColumns.pending(p.shape[0], cols, p.dtype, len(part.counts), part.n_staging)
+    else:  # its staging comes from carve_staging, which re-casts a staged upload from the master (exact)
+        restored = HostColumns.create(*(entry[name].to("cpu", copy=True) for name in HOST_BLOCKS), cols,
+                                      dtype=p.dtype, n_accumulators=len(part.counts), n_staging=part.n_staging)
+        for acc, saved in zip(restored.accumulators, entry["host_accumulators"]):
+            acc.copy_(saved)
+    restored.step, restored.staged = int(entry["host_step"]), entry["host_staged"]
+    restored.counts = list(entry["host_counts"])
     st["host"] = restored
     for name in DEVICE_TENSORS:
         st[name] = entry[name].to(p.device, copy=True)
@@ -144,9 +153,6 @@ def _check_shape(name: str, mine: torch.Tensor, saved: torch.Tensor) -> None:
 
 
 # ---- data parallelism: W per-rank state dicts <-> one process's -------------------------------------------
-HOST_BLOCKS = ("host_master", "host_exp_avg", "host_exp_avg_sq")
-
-
 def consolidate(state_dicts: list[dict[str, Any]]) -> dict[str, Any]:
     """The state dicts of all W ranks (any order) -> the state dict of one process training the same run: each
     weight's host columns gathered from the ranks' blocks; everything else is the same on every rank."""
@@ -163,7 +169,7 @@ def consolidate(state_dicts: list[dict[str, Any]]) -> dict[str, Any]:
         parts = [sd["state"][key] for sd in by_rank]
         cols = torch.cat([e["host_cols"] for e in parts])
         order = torch.argsort(cols)
-        merged = {name: torch.cat([e[name] for e in parts], dim=1)[:, order] for name in HOST_BLOCKS}
+        merged = {name: _cat_blocks([e[name] for e in parts], order) for name in HOST_BLOCKS}
         accumulators = [torch.cat([e["host_accumulators"][i] for e in parts], dim=1)[:, order]
                         for i in range(len(entry["host_accumulators"]))]
         out["state"][key] = {**entry, **merged, "host_cols": cols[order], "host_accumulators": accumulators,
@@ -183,11 +189,24 @@ def shard(state_dict: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         if "host_master" not in entry:
             out["state"][key] = entry
             continue
-        width = entry.get("width", entry["host_master"].shape[1] + entry["sel"].numel())  # /1, /2: one process
+        width = entry["width"] if "width" in entry else entry["host_master"].shape[1] + entry["sel"].numel()  # /1-/2
         mine = owner_of(entry["host_cols"], width, world) == rank
-        out["state"][key] = {**entry, **{name: entry[name][:, mine] for name in HOST_BLOCKS},
+        out["state"][key] = {**entry, **{name: _columns(entry[name], mine) for name in HOST_BLOCKS},
                              "host_cols": entry["host_cols"][mine], "width": width,
                              "unsel": entry["host_cols"][mine].to(entry["unsel"].device),
                              "host_accumulators": [acc[:, mine] for acc in entry["host_accumulators"]]}
     return out
 
+
+def _cat_blocks(blocks: list[torch.Tensor | None], order: torch.Tensor) -> torch.Tensor | None:
+    """The ranks' column blocks side by side, in column order; None where no rank has built its part yet (every
+    rank builds at the same step)."""
+    if any(b is None for b in blocks):
+        if not all(b is None for b in blocks):
+            raise ConfigError("consolidate: a weight's host part is built on some ranks and not on others")
+        return None
+    return torch.cat(blocks, dim=1)[:, order]
+
+
+def _columns(block: torch.Tensor | None, mine: torch.Tensor) -> torch.Tensor | None:
+    return None if block is None else block[:, mine]

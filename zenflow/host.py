@@ -4,7 +4,8 @@ thread that updates them in the background when `overlap_step` is on.
 Why a thread and not a process: the host update is one fused torch kernel that releases the GIL, so a thread runs
 it on its own cores at full speed while sharing the buffers with no copies, no pickling, no `__main__`
 re-import (a plain script without an `if __name__ == "__main__":` guard works), and nothing to leave behind at exit.
-docs/host-worker.md has the measurement behind this choice.
+docs/host-worker.md has the measurement behind this choice, and the host memory this module's buffers take
+(`host_bytes`).
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from zenflow.adam import AdamWHyper, adamw_
-from zenflow.link import Link
+from zenflow.link import Link, aligned
 
 
 class HostWorkerError(RuntimeError):
@@ -33,41 +34,88 @@ class HostColumns:
 
     Every buffer is a contiguous `[out, n_host]` block whose column `i` is column `cols[i]` of `W`, so the fused
     AdamW kernel runs on whole tensors and the device gathers and scatters whole column sets in one kernel.
+
+    Built lazily: until the first step that offloads the parameter the part is *pending*: it holds no buffer, and
+    stands for master = the weight's columns `cols` (nothing has updated them), zero moments. So columns a first
+    selection hands to the device never get host buffers. The staging buffers are views into the optimizer's one
+    pinned arena (link.StagingArena), pointed here by `ownership.carve_staging`.
     """
 
-    master: torch.Tensor          # [out, n_host] fp32
-    exp_avg: torch.Tensor         # [out, n_host] fp32
-    exp_avg_sq: torch.Tensor      # [out, n_host] fp32
-    accumulators: list[torch.Tensor]  # one or two [out, n_host] fp32 sums of unselected gradient columns
-    grad_staging: list[torch.Tensor]  # one or two [out, n_host] model dtype landing buffers of gradient copies
-    param_staging: torch.Tensor   # [out, n_host] model dtype, source of host->device parameter copies
     cols: torch.Tensor            # [n_host] int64, ascending: which columns of W these are
-    counts: list[int]             # gradients summed in each accumulator since its last host update
+    rows: int                     # out
+    dtype: torch.dtype            # the model dtype: that of the staging buffers
+    counts: list[int]             # gradients summed in each accumulator (one, two with overlap_step) since its update
+    n_staging: int = 1            # gradient staging buffers: two on CUDA with overlap_step
     step: int = 0                 # host AdamW updates applied to this parameter
     staged: bool = False          # param_staging holds an update not yet uploaded
+    master: torch.Tensor | None = None      # [out, n_host] fp32 (None: pending)
+    exp_avg: torch.Tensor | None = None     # [out, n_host] fp32
+    exp_avg_sq: torch.Tensor | None = None  # [out, n_host] fp32
+    accumulators: list[torch.Tensor] = field(default_factory=list)  # per count: [out, n_host] fp32 gradient sums
+    grad_staging: list[torch.Tensor] = field(default_factory=list)  # n_staging [out, n_host] landing buffers (views)
+    param_staging: torch.Tensor | None = None  # [out, n_host] source of host->device parameter copies (a view)
 
     @property
     def n_host(self) -> int:
         return self.cols.numel()
 
-    @classmethod
-    def create(cls, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, cols: torch.Tensor,
-               model_dtype: torch.dtype, n_accumulators: int, host_empty: Callable, step: int = 0,
-               n_staging: int = 1) -> HostColumns:
-        shape = tuple(master.shape)
-        return cls(master=master, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
-                   accumulators=[torch.zeros(shape) for _ in range(n_accumulators)],
-                   grad_staging=[host_empty(shape, model_dtype) for _ in range(n_staging)],
-                   param_staging=host_empty(shape, model_dtype), cols=cols, counts=[0] * n_accumulators, step=step)
+    @property
+    def built(self) -> bool:
+        return self.master is not None
 
     @classmethod
-    def of_columns(cls, weight: torch.Tensor, cols: torch.Tensor, n_accumulators: int, host_empty: Callable,
-                   n_staging: int = 1) -> HostColumns:
-        """Initial state: the host owns `cols` (every column, or this rank's block of them with data parallelism;
-        nothing is selected before the first selection)."""
-        master = weight.detach().index_select(1, cols.to(weight.device)).to("cpu", torch.float32).contiguous()
-        return cls.create(master, torch.zeros_like(master), torch.zeros_like(master), cols, weight.dtype,
-                          n_accumulators, host_empty, n_staging=n_staging)
+    def pending(cls, rows: int, cols: torch.Tensor, dtype: torch.dtype, n_accumulators: int,
+                n_staging: int = 1) -> HostColumns:
+        """No buffers yet: the host owns `cols` (every column, or this rank's block of them with data parallelism),
+        whose values are the weight's."""
+        return cls(cols=cols, rows=rows, dtype=dtype, counts=[0] * n_accumulators, n_staging=n_staging)
+
+    @classmethod
+    def create(cls, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, cols: torch.Tensor,
+               dtype: torch.dtype, n_accumulators: int, n_staging: int = 1, step: int = 0) -> HostColumns:
+        """A built part from its fp32 state; zero accumulators; staging comes from carve_staging."""
+        return cls(cols=cols, rows=master.shape[0], dtype=dtype, counts=[0] * n_accumulators, n_staging=n_staging,
+                   step=step, master=master, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
+                   accumulators=[torch.zeros(master.shape) for _ in range(n_accumulators)])
+
+    def build_(self) -> None:
+        """Pending -> built from `param_staging`, which the caller filled with the weight's columns `cols`."""
+        shape = (self.rows, self.n_host)
+        self.master = torch.empty(shape, dtype=torch.float32).copy_(self.param_staging)  # exact upcast, no temporary
+        self.exp_avg, self.exp_avg_sq = torch.zeros(shape), torch.zeros(shape)
+        self.accumulators = [torch.zeros(shape) for _ in self.counts]
+
+    def staging_layout(self) -> list[tuple[tuple[int, int], torch.dtype]]:
+        """The views this part takes in the arena: its gradient staging buffers, then its parameter staging."""
+        return [((self.rows, self.n_host), self.dtype)] * (self.n_staging + 1)
+
+    @property
+    def state_bytes(self) -> int:
+        """fp32 master, moments and accumulators (0 while pending); staging is the arena's."""
+        if not self.built:
+            return 0
+        return sum(t.numel() * t.element_size() for t in (self.master, self.exp_avg, self.exp_avg_sq,
+                                                           *self.accumulators))
+
+
+def host_bytes(host_elements: Sequence[int], model_bytes: int, *, overlap_step: bool, cuda: bool,
+               arena_elements: Sequence[int] | None = None) -> int:
+    """Host bytes ZenFlowAdamW holds (= its `host_state_bytes`), from per-parameter element counts.
+
+    host_elements: per built column param, out x (host-owned columns of this rank); a param not built yet has none.
+    arena_elements: per column param, the element counts of the largest staging layout so far (the arena only
+    grows): host_elements by default; the rank's whole column block (every column in one process) when warm-up
+    built full-width parts first. model_bytes: the model dtype's element size.
+
+        4 * (3 + n_acc) * sum(host_elements)                  master, exp_avg, exp_avg_sq, accumulators (pageable)
+      + (n_grad + 1) * sum(aligned(model_bytes * e))          the staging arena (pinned on CUDA), ALIGN per view
+
+    n_acc = 2 with overlap_step else 1; n_grad = 2 on CUDA with overlap_step else 1. docs/host-worker.md.
+    """
+    n_acc = 2 if overlap_step else 1
+    n_grad = 2 if overlap_step and cuda else 1
+    staged = host_elements if arena_elements is None else arena_elements
+    return 4 * (3 + n_acc) * sum(host_elements) + (n_grad + 1) * sum(aligned(model_bytes * e) for e in staged)
 
 
 @dataclass

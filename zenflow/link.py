@@ -9,9 +9,19 @@ CPU "device" (cpu-scale): the same calls are plain synchronous copies between di
 
 from __future__ import annotations
 
+import math
+import weakref
+
 import torch
 
 from zenflow.hooks import Observers
+
+ALIGN = 64  # bytes: every staging view starts on a cache line (vector loads of the host kernels, copy bursts)
+
+
+def aligned(nbytes: int) -> int:
+    """`nbytes` rounded up to a multiple of ALIGN."""
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 class Link:
@@ -136,3 +146,65 @@ class Link:
         if event is not None:
             with self.observers.blocking("copy_d2h"):
                 event.synchronize()
+
+
+class StagingArena:
+    """Every staging buffer of the host part as a view into one flat host allocation (page-locked on CUDA).
+
+    One allocation of the exact sum of the views (each rounded up to ALIGN bytes), instead of one pinned allocation
+    per buffer, which torch's CachingHostAllocator rounds up to a power of two each. The buffer is replaced only when
+    a layout needs more than it holds, by one of exactly that size: its capacity is the largest layout so far.
+    On CUDA the buffer is a plain host allocation page-locked with cudaHostRegister (`_Registration`), not torch's
+    pinned allocator, which would round this one allocation up to a power of two too (34 GiB -> 64 GiB at 7B).
+    """
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.buffer: torch.Tensor | None = None
+        self.layout: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self._pinned: list[_Registration] = []  # the buffer's page-locking on CUDA (at most one)
+        weakref.finalize(self, _release, self._pinned, False)  # not the arena itself: it must stay collectable
+
+    @property
+    def capacity(self) -> int:
+        """Bytes allocated (what host memory this arena holds)."""
+        return 0 if self.buffer is None else self.buffer.numel()
+
+    def carve(self, layout: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
+        """Views of the given (shape, dtype)s, in order, each starting on an ALIGN boundary; the same layout gives
+        the same places. Grows the buffer when the layout needs more: the caller drops the old views first, so
+        that the old buffer is freed before the new one is allocated, and makes sure nothing still uses them."""
+        sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in layout]
+        need = sum(aligned(n) for n in sizes)
+        if self.buffer is None or need > self.capacity:
+            _release(self._pinned)  # the caller has settled every copy that used the old buffer
+            self.buffer = None
+            self.buffer = torch.empty(need, dtype=torch.uint8)
+            if self.link.cuda:
+                self._pinned.append(_Registration(self.buffer))
+        self.layout = list(layout)
+        views, offset = [], 0
+        for (shape, dtype), n in zip(layout, sizes):
+            views.append(self.buffer[offset:offset + n].view(dtype).view(shape))
+            offset += aligned(n)
+        return views
+
+
+class _Registration:
+    """A host buffer page-locked with cudaHostRegister for as long as it is registered: copies from and to it are
+    truly asynchronous (DMA), as from torch's pinned memory, at its exact size. The arena unregisters it before
+    replacing or dropping the buffer; every copy that used it has been waited for by then (ownership.settle, close)."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self.ptr = buffer.data_ptr()
+        self.buffer = buffer  # the memory must outlive the registration
+        status = torch.cuda.cudart().cudaHostRegister(self.ptr, buffer.numel() * buffer.element_size(), 0)
+        torch.cuda.check_error(status)
+
+
+def _release(pinned: list[_Registration], strict: bool = True) -> None:
+    """Unregister (and let go of) the arena's registered buffer, if any; at teardown errors are not raised."""
+    while pinned:
+        status = torch.cuda.cudart().cudaHostUnregister(pinned.pop().ptr)
+        if strict:
+            torch.cuda.check_error(status)

@@ -4,8 +4,9 @@ Every trainable parameter with two or more dimensions is a *column param* `W[out
 `[out, prod(rest)]`); everything else is a *dense param* updated on the device every step. Each `step()`:
 
     warm-up (t < W):     every column gradient to the host, host AdamW on all of it, all columns back
-    selection (t == W, then every S steps): drain the host part, pick the top-k columns by gradient norm,
-                         move values and moments of the columns that change owner
+    selection (t == W, then every S steps; none if topk_ratio is 0): drain the host part, pick the top-k
+                         columns by gradient norm, move values and moments of the columns that change owner
+    host state:          built at a parameter's first offload, of its host-owned columns only (ownership.py)
     device:              AdamW on the selected columns and the dense params (fp32 master and moments)
     offload:             the unselected gradient columns to the host accumulator (only those bytes cross)
     boundary (every U):  host AdamW on the mean accumulated gradient, then those columns back to the device;
@@ -32,9 +33,9 @@ from zenflow.config import ZenFlowConfig, check_hyperparameters, check_params, l
 from zenflow.distributed import DataParallel
 from zenflow.hooks import Observer, Observers, RemovableHandle
 from zenflow.host import GradCopy, HostColumns, HostWorker, HostWorkerError, accumulate_, host_adamw_, reserved_cores
-from zenflow.link import Link
-from zenflow.ownership import move_columns
-from zenflow.selection import as_columns, num_selected, select_columns
+from zenflow.link import Link, StagingArena
+from zenflow.ownership import offloads, prepare_host_, reselect
+from zenflow.selection import as_columns
 
 # "auto" update interval: the boundary decision at a step reads the accumulated mass of the step this many steps
 # earlier, the newest one a background worker is sure to have added under the backpressure bound (at most one
@@ -56,6 +57,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self.select_interval = self.config.resolved_select_interval()
         self.observers = Observers()
         self.link = Link(self.device, self.observers)
+        self._arena = StagingArena(self.link)  # every host part's staging buffers: one allocation
         # data parallelism (zenflow/distributed.py): the default group when initialized, else none
         self.dp = DataParallel.resolve(process_group, self.observers)
         if self.dp:
@@ -94,8 +96,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch.optim's, and the new parameters join ZenFlow at once (progressive unfreezing): their state is made
-        now, their columns start on the host like everyone's before a first selection and are ranked at the next
-        one. With data parallelism every rank adds the same group."""
+        now (host part pending), their columns start on the host like everyone's before a first selection and are
+        ranked at the next one. With data parallelism every rank adds the same group."""
         super().add_param_group(param_group)
         if hasattr(self, "link"):  # after construction (torch's __init__ adds the first groups itself)
             self.device = check_params(self.param_groups)
@@ -118,7 +120,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             w = as_columns(p)
             mine = torch.arange(w.shape[1])  # this host's columns: every one, or this rank's block of them
             mine = self.dp.owned(mine, w.shape[1]) if self.dp else mine
-            st["host"] = HostColumns.of_columns(w, mine, self._n_accumulators, self.link.host_empty, self._n_staging)
+            # no host buffer yet: built at its first offload (ownership.prepare_host_), of the host's columns only
+            st["host"] = HostColumns.pending(w.shape[0], mine, p.dtype, self._n_accumulators, self._n_staging)
             st["sel"] = torch.empty(0, dtype=torch.long, device=p.device)  # device-owned columns (none yet)
             st["unsel"] = mine.to(p.device)  # this host's columns (device copy of its cols)
             st["width"] = w.shape[1]
@@ -132,12 +135,10 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     @property
     def _n_accumulators(self) -> int:
-        return 2 if self.config.overlap_step else 1
+        return 2 if self.config.overlap_step else 1  # overlap: the worker reads one while steps fill the other
 
     @property
-    def _n_staging(self) -> int:
-        """CUDA overlap: the copy of step t lands while the worker still reads step t-1's: two buffers. Elsewhere
-        the buffer is filled by whoever accumulates it, one job at a time: one buffer."""
+    def _n_staging(self) -> int:  # CUDA overlap: step t's copy lands while the worker reads t-1's; else one job
         return 2 if self.config.overlap_step and self.link.cuda else 1
 
     def add_observer(self, observer: Observer) -> RemovableHandle:
@@ -150,10 +151,14 @@ class ZenFlowAdamW(torch.optim.Optimizer):
 
     @property
     def host_state_bytes(self) -> int:
-        """This process's host buffers: fp32 master, moments, accumulators and staging of its host columns."""
-        parts = [st["host"] for st in self.state.values() if "host" in st]
-        return sum(t.numel() * t.element_size() for part in parts for t in (
-            part.master, part.exp_avg, part.exp_avg_sq, *part.accumulators, *part.grad_staging, part.param_staging))
+        """Host memory held now: fp32 master, moments and accumulators of the built host parts (host-owned columns
+        only) plus the staging arena's capacity (host.host_bytes is the formula; docs/host-worker.md)."""
+        return sum(st["host"].state_bytes for st in self.state.values() if "host" in st) + self.host_staging_bytes
+
+    @property
+    def host_staging_bytes(self) -> int:
+        """The staging arena's capacity: the part of host_state_bytes that is pinned on CUDA."""
+        return self._arena.capacity
 
     # ---- the step ---------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -171,10 +176,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             return loss
         warm_up = self.t < self.config.full_warm_up_rounds
         if not warm_up and self._selection_due():
-            self.drain()  # the host part must be current before columns change owner
-            with self.observers.blocking("reselect"):
-                self._reselect()
+            if self.config.topk_ratio > 0:  # topk 0 selects nothing: no drain, no index syncs (audit F9)
+                self.drain()  # the host part must be current before columns change owner
+                with self.observers.blocking("reselect"):
+                    hypers = {id(p): _hyper(g) for g in self.param_groups for p in g["params"]}
+                    reselect(self._params(), self.state, self.config, self.link, self.dp, hypers)
             self._select_next = False
+        prepare_host_(self._arena, self._column_states(), self.link, self._settle)  # lazy build, staging
         in_background = self.config.overlap_step and not warm_up
         copies = self._start_offload(in_background)  # CUDA: copies start now, beside the device update
         self._device_update()
@@ -216,6 +224,19 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def _selection_due(self) -> bool:
         since = self.t - self.config.full_warm_up_rounds
         return since == 0 or since % self.select_interval == 0 or self._select_next
+
+    def _column_states(self) -> list[tuple[torch.Tensor, dict]]:
+        """(param, state) of every column param, frozen ones too, in parameter order."""
+        return [(p, st) for g in self.param_groups for p in g["params"] if "host" in (st := self.state.get(p, {}))]
+
+    def _settle(self) -> None:
+        """Nothing may read or write a staging buffer any more: the worker's jobs and the last upload's copies are
+        waited for (sync point; only when staging moves)."""
+        self._quiesce()
+        if self._upload_events:  # CUDA
+            with self.observers.blocking("host_wait"):
+                for event in self._upload_events:
+                    event.synchronize()
 
     def _boundary_due(self) -> bool:
         if not self.config.auto_update:
@@ -276,7 +297,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         copies = []
         for p in self._params():
             st = self.state[p]
-            if not _offloads(p, st):
+            if not offloads(p, st):
                 continue
             part: HostColumns = st["host"]
             staging = part.grad_staging[turn]
@@ -377,7 +398,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         report, masses, position = MassReport(), [], 0
         for key, p in enumerate(self._params()):
             st = self.state[p]
-            if not _offloads(p, st):
+            if not offloads(p, st):
                 continue  # no copy (and no accumulated mass) for this param this step
             if st["sel"].numel():
                 report.keys.append(key)
@@ -402,26 +423,6 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             return self._worker.wait(future)
         with self.observers.blocking("host_wait"):
             return self._worker.wait(future)  # sync point: only if the worker is behind the backpressure bound
-
-    # ---- selection ------------------------------------------------------------------------------------------
-    def _reselect(self) -> None:
-        for p in self._params():
-            st = self.state[p]
-            if "host" in st and p.grad is not None:
-                grad = as_columns(p.grad)
-                k = num_selected(grad.shape[1], self.config.topk_ratio)
-                ranked = self.dp and 0 < k < grad.shape[1]  # none or every column: no scores needed
-                scores = self.dp.column_scores(grad, self.config.column_norm) if ranked else None
-                new_sel = select_columns(grad, k, self.config.column_norm, scores)
-                if self.dp:  # newly selected columns: their averaged gradient is on their owner only
-                    entering = new_sel[~torch.isin(new_sel, st["sel"])]  # the same on every rank
-                    if entering.numel():
-                        self.dp.share_entering_gradients_(grad, entering)
-                move_columns(st, new_sel, self.link, _hyper(self._group_of(p)), p.dtype, self._n_accumulators,
-                             self._n_staging, self.dp)
-
-    def _group_of(self, p: torch.Tensor) -> dict:
-        return next(g for g in self.param_groups if any(q is p for q in g["params"]))
 
     # ---- worker lifecycle ------------------------------------------------------------------------------------
     def _start_worker(self) -> HostWorker:
@@ -516,12 +517,6 @@ def _after_uploads(events: list, groups: list, slot: int) -> None:
 def _clip_coefficient(max_norm: float, total: torch.Tensor) -> torch.Tensor:
     """torch's clip_grad_norm_ rule, computed in the norm's dtype, as fp32."""
     return torch.clamp(max_norm / (total + 1e-6), max=1.0).to(torch.float32)
-
-
-def _offloads(p: torch.Tensor, st: dict) -> bool:
-    """Whether this step sends columns of `p`'s gradient to the host (any rank's: with data parallelism a rank
-    whose block holds none of them still counts the step, so every rank's host step count stays the same)."""
-    return p.grad is not None and "host" in st and st["sel"].numel() < as_columns(p).shape[1]
 
 
 def _rms(t: torch.Tensor) -> torch.Tensor:

@@ -1,39 +1,88 @@
-"""Moving columns between owners at a reselection: values and moments go with them, nothing is zeroed.
+"""Who holds which columns: selection, moving columns between owners, and the host part's lazy build and staging.
 
 Only the columns that change owner move (fp32 master values and both moments); the moments are re-expressed for
-the receiving side's step count so the bias-corrected moments are exactly preserved (adam.rebase_moment_).
+the receiving side's step count so the bias-corrected moments are exactly preserved (adam.rebase_moment_). A host
+part is built at the first step that offloads its parameter (HostColumns.pending): before that nothing updated its
+columns, so the weight holds their values and the moments are zero, and a first selection takes the columns it
+hands to the device straight from the weight, without any host buffer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from zenflow.adam import AdamWHyper, rebase_moment_
+from zenflow.config import ZenFlowConfig
 from zenflow.distributed import DataParallel
 from zenflow.host import HostColumns
-from zenflow.link import Link
-from zenflow.selection import complement
+from zenflow.link import Link, StagingArena
+from zenflow.selection import as_columns, complement, num_selected, select_columns
 
 
-def move_columns(st: dict, new_sel: torch.Tensor, link: Link, hp: AdamWHyper, model_dtype: torch.dtype,
-                 n_accumulators: int, n_staging: int = 1, dp: DataParallel | None = None) -> None:
+def offloads(p: torch.Tensor, st: dict) -> bool:
+    """Whether this step sends columns of `p`'s gradient to the host (any rank's: with data parallelism a rank
+    whose block holds none of them still counts the step, so every rank's host step count stays the same)."""
+    return p.grad is not None and "host" in st and st["sel"].numel() < as_columns(p).shape[1]
+
+
+def reselect(params: list[torch.Tensor], state: dict, config: ZenFlowConfig, link: Link, dp: DataParallel | None,
+             hypers: dict[int, AdamWHyper]) -> None:
+    """Rank every column param that has a gradient and give its top-k columns to the device (`hypers`: each
+    parameter's group's, by id)."""
+    for p in params:
+        st = state[p]
+        if "host" in st and p.grad is not None:
+            grad = as_columns(p.grad)
+            k = num_selected(grad.shape[1], config.topk_ratio)
+            ranked = dp and 0 < k < grad.shape[1]  # none or every column: no scores needed
+            scores = dp.column_scores(grad, config.column_norm) if ranked else None
+            new_sel = select_columns(grad, k, config.column_norm, scores)
+            if dp:  # newly selected columns: their averaged gradient is on their owner only
+                entering = new_sel[~torch.isin(new_sel, st["sel"])]  # the same on every rank
+                if entering.numel():
+                    dp.share_entering_gradients_(grad, entering)
+            move_columns(st, new_sel, as_columns(p), link, hypers[id(p)], dp)
+
+
+def move_columns(st: dict, new_sel: torch.Tensor, weight: torch.Tensor, link: Link, hp: AdamWHyper,
+                 dp: DataParallel | None = None) -> None:
     """Hand the columns that change owner (fp32 values and moments) to their new side; keep the rest.
 
     With data parallelism (`dp`) every rank holds the device side and its own block of the host side: a column
     leaving the device goes to the host of the rank that owns it; a column arriving on the device comes from its
-    owner's host to every rank (assembled: one rank fills each column)."""
+    owner's host to every rank (assembled: one rank fills each column). `weight` is the parameter as `[out, in]`."""
     part: HostColumns = st["host"]
     device = st["sel"].device
     width = st["width"]
     old_sel, new_sel = st["sel"].cpu(), new_sel.cpu()  # device->host sync point (indices)
     link.observers.transfer("d2h", "indices", new_sel.numel() * 8)
     if torch.equal(old_sel, new_sel):
-        return  # nobody changes owner (always so with topk_ratio 0): nothing moves
+        return  # nobody changes owner: nothing moves
     if old_sel.numel() == 0:
         st["d_step"] = part.step  # first selection: the device continues the host's count
     new_host_cols = complement(new_sel, width)
     if dp:
         new_host_cols = dp.owned(new_host_cols, width)  # this rank's block
+    if part.built:
+        new_device = _move_built(st, part, old_sel, new_sel, new_host_cols, link, hp, dp)
+    elif old_sel.numel() == 0:  # never built: the device's columns come from the weight, the host keeps none
+        master = weight.index_select(1, new_sel.to(device)).float()  # a fresh tensor, exact for any model dtype
+        new_device = dict(master=master, exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
+        st["host"] = HostColumns.pending(part.rows, new_host_cols, part.dtype, len(part.counts), part.n_staging)
+    else:
+        raise RuntimeError("zenflow: a host part was never built although columns are on the device")
+    st.update({f"d_{name}": t for name, t in new_device.items()})
+    st["sel"], st["unsel"] = new_sel.to(device), new_host_cols.to(device)
+    link.observers.transfer("h2d", "indices", new_host_cols.numel() * 8)
+
+
+def _move_built(st: dict, part: HostColumns, old_sel: torch.Tensor, new_sel: torch.Tensor,
+                new_host_cols: torch.Tensor, link: Link, hp: AdamWHyper, dp: DataParallel | None) -> dict:
+    """Move between a built host part and the device; the new host part replaces the old one (its staging is carved
+    at the next step), one parameter at a time. Returns the new device buffers."""
+    device, width = st["sel"].device, st["width"]
     on_device = _positions(old_sel, width)  # column -> position in the device buffers, or -1
     on_host = _positions(part.cols, width)  # column -> position in this host's buffers, or -1
     leaving = old_sel[~torch.isin(old_sel, new_sel)]  # device -> host
@@ -57,12 +106,58 @@ def move_columns(st: dict, new_sel: torch.Tensor, link: Link, hp: AdamWHyper, mo
         new_host[name] = _merge(new_host_cols, part.cols, host, leaving, moved_down, on_host)
         new_device[name] = _merge(new_sel.to(device), old_sel.to(device), on_device_buffer, entering.to(device),
                                   _send(link, moved_up, device, kind), on_device.to(device))
-    st["host"] = HostColumns.create(**new_host, cols=new_host_cols, model_dtype=model_dtype,
-                                    n_accumulators=n_accumulators, host_empty=link.host_empty, step=part.step,
-                                    n_staging=n_staging)
-    st.update({f"d_{name}": t for name, t in new_device.items()})
-    st["sel"], st["unsel"] = new_sel.to(device), new_host_cols.to(device)
-    link.observers.transfer("h2d", "indices", new_host_cols.numel() * 8)
+    st["host"] = HostColumns.create(**new_host, cols=new_host_cols, dtype=part.dtype,
+                                    n_accumulators=len(part.counts), n_staging=part.n_staging, step=part.step)
+    return new_device
+
+
+# ---- the host part's buffers ------------------------------------------------------------------------------------
+def carve_staging(arena: StagingArena, parts: list[HostColumns], settle: Callable[[], None]) -> None:
+    """Point each part's staging buffers at its place in the arena (parts in parameter order).
+
+    The same layout keeps every place, so parts that only changed object (a reselection) take their predecessor's.
+    A changed layout (a part built, a width changed with data parallelism, parts restored) moves places: `settle`
+    first waits until nothing reads or writes them any more (a sync point; rare), and an update staged for upload
+    is re-cast from the master into its new place (exact: it is that cast)."""
+    layout = [view for part in parts for view in part.staging_layout()]
+    moved = layout != arena.layout
+    if moved or any(part.staged and part.param_staging is None for part in parts):
+        settle()
+    if moved:
+        for part in parts:  # drop the old views first: a buffer being outgrown is freed before the new one comes
+            part.grad_staging, part.param_staging = [], None
+    views = iter(arena.carve(layout))
+    for part in parts:
+        fresh = part.param_staging is None
+        part.grad_staging = [next(views) for _ in range(part.n_staging)]
+        part.param_staging = next(views)
+        if fresh and part.staged:
+            part.param_staging.copy_(part.master)
+
+
+def prepare_host_(arena: StagingArena, states: list[tuple[torch.Tensor, dict]], link: Link,
+                  settle: Callable[[], None]) -> None:
+    """Before a step's offload: build the parts whose parameter offloads for the first time, after giving them
+    (and parts new since the last step: a reselection's, a checkpoint's) their staging. `states`: every column
+    param's (param, state), in parameter order."""
+    pending = [(p, st) for p, st in states if not st["host"].built and p.requires_grad and offloads(p, st)]
+    building = {id(st["host"]) for _, st in pending}
+    parts = [st["host"] for _, st in states if st["host"].built or id(st["host"]) in building]
+    if pending or any(part.param_staging is None for part in parts):
+        carve_staging(arena, parts, settle)
+    build_host_parts_(pending, link)
+
+
+def build_host_parts_(pending: list[tuple[torch.Tensor, dict]], link: Link) -> None:
+    """Pending -> built, for the parts whose parameter offloads this step (their staging is carved): the weight's
+    host-owned columns, never updated yet, cross once into the part's parameter staging (kind "master", model
+    dtype), the fp32 master is made from there. One parameter at a time: at most one gathered block exists."""
+    for p, st in pending:
+        part: HostColumns = st["host"]
+        weight = as_columns(p)
+        block = weight if part.n_host == weight.shape[1] else weight.index_select(1, st["unsel"])
+        link.wait(link.to_host(block, part.param_staging, "master"))  # sync point: once per parameter
+        part.build_()
 
 
 def _fetch(link: Link, src: torch.Tensor, kind: str) -> torch.Tensor:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from zenflow.harness.configs import OFFLOAD_BLOCK, TWIN_FLOW_RATIO
+from zenflow.selection import num_selected
 
 GiB = 2**30
 CUDA_CONTEXT = GiB  # host memory of a CUDA context and its libraries (planning a GPU host from a CPU one)
@@ -229,20 +230,19 @@ def estimate(engine: str, shape: ModelShape, b: int, cuda: bool, block: dict[str
 
 def our_host_bytes(shape: ModelShape, topk: float, b: int, overlap: bool, cuda: bool,
                    warm_up: int) -> tuple[int, int]:
-    """ZenFlowAdamW's host buffers (pinned, pageable) at their peak: per host-owned element an fp32 master and two
-    moments (12 B), one fp32 accumulator per slot (two when overlapping), and in the staging arena one gradient
-    copy per staging turn (two for CUDA overlap) and one parameter copy in the training dtype. Host-owned: the
-    unselected columns (k = ceil(topk·in) selected), every column while warm-up steps run (W > 0)."""
-    from zenflow.selection import num_selected
+    """ZenFlowAdamW's host buffers (pinned, pageable) at their peak, from the optimizer's own formula
+    (`zenflow.host.host_bytes`, what `host_state_bytes` equals): fp32 master, moments and accumulators of the
+    host-owned columns (k = ceil(topk·in) selected; every column while warm-up steps run), and the staging arena
+    (pinned on CUDA, exact: docs/host-worker.md). With warm-up the arena keeps its full-width size."""
+    from zenflow.host import host_bytes
 
-    accumulators, staging = (2 if overlap else 1), (2 if overlap and cuda else 1)
-    host_elements = 0
-    for numel, width in zip(shape.matrices(), shape.widths()):
-        k = 0 if warm_up > 0 else num_selected(width, topk)
-        host_elements += numel // width * (width - k)
-    pageable = host_elements * (12 + 4 * accumulators)
-    arena = host_elements * b * (staging + 1)
-    return (arena, pageable) if cuda else (0, pageable + arena)
+    full = shape.matrices()
+    host = [numel // width * (width - num_selected(width, topk)) for numel, width in zip(full, shape.widths())]
+    held = host_bytes(full if warm_up > 0 else host, b, overlap_step=overlap, cuda=cuda,
+                      arena_elements=full if warm_up > 0 else host)
+    arena = host_bytes([0] * len(full), b, overlap_step=overlap, cuda=cuda,
+                       arena_elements=full if warm_up > 0 else host)
+    return (arena, held - arena) if cuda else (0, held)
 
 
 def step_seconds(engine: str, shape: ModelShape, b: int, U: int, topk: float, tokens: int,

@@ -26,6 +26,7 @@ OPTIONAL = {
     "pynvml": ("nvidia-ml-py", "NVML telemetry (records say why it is absent)"),
     "sentencepiece": ("sentencepiece", "the cpu-scale tokenizer (without it: UTF-8 bytes, and the record says so)"),
     "mistral_common": ("mistral-common", "the cpu-scale tokenizer's model file"),
+    "huggingface_hub": ("huggingface-hub", "the check that a hub model is in the local cache before any run"),
     "datasets": ("datasets", "Alpaca / GLUE from the hub (--data PATH / --glue-dir DIR avoid it)"),
     "matplotlib": ("matplotlib", "figures"),
     "scipy": ("scipy", "make bench-compare, GLUE STS-B correlations"),
