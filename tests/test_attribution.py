@@ -3,6 +3,8 @@ simulated device (fake events on a fake clock), the host-blocking protocol of th
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -257,3 +259,80 @@ def test_on_a_gpu_the_backward_tail_is_compute_and_peaks_are_measured():
         assert_parts_sum_to_period(step)
         assert step.forward_backward_ms > 10 * step.stall_ms  # the block waited on compute, not on the host
         assert step.peak_memory_allocated_bytes >= 2 * 4096 * 4096 * 4  # x and x @ x
+
+
+def recorded(dev: FakeDevice) -> FakeEvent:
+    event = dev.event()
+    event.record()
+    return event
+
+
+def step_with_device_wait(tl: StepTimeline, dev: FakeDevice, observers, upload_ms: float,
+                          inside: str | None = None) -> None:
+    """backward 10 ms, then the compute stream waits `upload_ms` for an upload (no host time), then a 3 ms device
+    update; `inside`: the wait happens within a blocking section of that name (a reselection's moves)."""
+    tl.mark("forward")
+    dev.launch(10)
+    tl.mark("backward")
+    section = observers.blocking(inside) if inside else contextlib.nullcontext()
+    with section, observers.device_wait("copy_h2d", lambda: recorded(dev)):
+        dev.launch(upload_ms)  # the stream is idle until the copy lands: device time that is not compute
+    dev.launch(3)
+    tl.mark("optimizer")
+    dev.host = max(dev.host, dev.busy_until)  # loss.item()
+
+
+def test_an_exposed_upload_wait_on_the_compute_stream_is_io_not_compute():
+    """gpu-audit-2 F12: `compute.wait_event(upload)` used to land in compute; the events around it book it as I/O."""
+    from zenflow.hooks import Observers
+
+    tl, dev = cuda_timeline()
+    observers = Observers()
+    observers.add(tl)
+    step = tl.start_step(0)
+    step_with_device_wait(tl, dev, observers, upload_ms=5)
+    tl.finish()
+    assert step.period_ms == pytest.approx(18)
+    assert step.io_ms == pytest.approx(5) and step.blocks_ms["copy_h2d"] == pytest.approx(5)
+    assert step.compute_ms == pytest.approx(13)
+    assert dev.waits == 0  # nothing in the step synchronized
+    assert_parts_sum_to_period(step)
+
+
+def test_without_the_device_wait_hook_the_upload_is_booked_as_compute():
+    """Negative control: an observer that does not book device waits sees the old split (the wait in compute)."""
+    from zenflow.hooks import Observers
+
+    tl, dev = cuda_timeline()
+    class Blind:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def on_transfer(self, *a):
+            self.inner.on_transfer(*a)
+
+        def on_block_start(self, what):
+            self.inner.on_block_start(what)
+
+        def on_block_end(self, what):
+            self.inner.on_block_end(what)
+
+    observers = Observers()
+    observers.add(Blind(tl))
+    step = tl.start_step(0)
+    step_with_device_wait(tl, dev, observers, upload_ms=5)
+    tl.finish()
+    assert step.io_ms == 0 and step.compute_ms == pytest.approx(18)
+
+
+def test_a_device_wait_inside_a_blocking_section_is_not_booked_twice():
+    from zenflow.hooks import Observers
+
+    tl, dev = cuda_timeline()
+    observers = Observers()
+    observers.add(tl)
+    step = tl.start_step(0)
+    step_with_device_wait(tl, dev, observers, upload_ms=5, inside="reselect")
+    tl.finish()
+    assert "copy_h2d" not in step.blocks_ms
+    assert_parts_sum_to_period(step)

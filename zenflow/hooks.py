@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import Counter
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 DIRECTIONS = ("d2h", "h2d")
 KINDS = ("grads", "params", "master", "moments", "indices")
@@ -55,6 +55,21 @@ class Observers:
             self.bytes[(direction, kind)] += nbytes
         for obs in self.attached:
             obs.on_transfer(direction, kind, nbytes)
+
+    @contextlib.contextmanager
+    def device_wait(self, what: str, mark: Callable[[], Any]) -> Iterator[None]:
+        """A wait of the device's compute stream on a copy (CUDA `wait_event`): no host time passes, so the observers
+        that book device waits get an event `mark()` recorded just before it and one just after, with nothing else
+        queued between: the span between them is the exposed copy (booked as `what`, e.g. "copy_h2d")."""
+        watchers = [o for o in self.attached if hasattr(o, "on_device_wait")]
+        if not watchers or threading.get_ident() != self._training_thread:
+            yield
+            return
+        before = mark()
+        yield
+        after = mark()
+        for obs in watchers:
+            obs.on_device_wait(what, before, after)
 
     @contextlib.contextmanager
     def blocking(self, what: str) -> Iterator[None]:

@@ -79,7 +79,8 @@ class Link:
             dst.copy_(src, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.h2d_stream)
-        compute.wait_event(done)
+        with self.observers.device_wait("copy_h2d", lambda: _timing_event(compute)):  # exposed upload: I/O
+            compute.wait_event(done)
         return done
 
     def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor) -> torch.cuda.Event | None:
@@ -136,7 +137,8 @@ class Link:
             landing.copy_(src, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.h2d_stream)
-        compute.wait_event(done)
+        with self.observers.device_wait("copy_h2d", lambda: _timing_event(compute)):  # exposed upload: I/O
+            compute.wait_event(done)
         dst.index_copy_(1, columns, landing)
         landing.record_stream(compute)
         return done
@@ -146,6 +148,13 @@ class Link:
         if event is not None:
             with self.observers.blocking("copy_d2h"):
                 event.synchronize()
+
+
+def _timing_event(stream: torch.cuda.Stream) -> torch.cuda.Event:
+    """A timing event recorded on `stream` now (the timeline reads it once the step's events completed)."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(stream)
+    return event
 
 
 class StagingArena:

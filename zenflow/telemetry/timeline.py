@@ -15,6 +15,8 @@ device, named in the record (`protocol.attribution`):
   as I/O or stall, the part before as compute. Phase marks are events too, so `forward_backward_ms` is GPU time,
   not launch time (audit item 3). Nothing in a step synchronizes: a step's events are read at the next
   `start_step`, where `query()` says they completed; only `finish()`, after the last step, may wait.
+  A copy the compute stream waits for on the device (`wait_event` on an upload, link.py) takes no host time: the
+  link records an event just before and just after the wait (`Observers.device_wait`), and their span is I/O.
 
 The protocol follows the engine's device: the run loop calls `use_device(device)` at the top of every step; until a
 CUDA device is named the timeline is host-blocking (never a CUDA call on a CPU run). The clock and its events are
@@ -137,9 +139,11 @@ class _Recorded:
     marks: dict[str, tuple[float, Any]] = field(default_factory=dict)
     blocks: list[tuple[str, float, Any, float]] = field(default_factory=list)  # (what, host start, event, host end)
     stall_spans: list[tuple[str, str]] = field(default_factory=list)  # (from mark, to mark)
+    device_waits: list[tuple[str, Any, Any]] = field(default_factory=list)  # (what, event before, event after)
 
     def events(self) -> list[Any]:
-        found = [self.anchor[1], *(e for _, e in self.marks.values()), *(b[2] for b in self.blocks)]
+        found = [self.anchor[1], *(e for _, e in self.marks.values()), *(b[2] for b in self.blocks),
+                 *(e for _, before, after in self.device_waits for e in (before, after))]
         return [e for e in found if e is not None]
 
 
@@ -242,6 +246,15 @@ class StepTimeline(Observer):
         self._current.blocks.append((what, started, event, self.clock.now()))
         self._charge(entered)
 
+    def on_device_wait(self, what: str, before: Any, after: Any) -> None:
+        """The compute stream waited for a copy (CUDA `wait_event`, link.py): the span between the events recorded
+        just before and just after the wait is device-idle time, exposed I/O (gpu-audit-2 F12: it used to be booked
+        as compute). Inside a blocking section the section's own idle time already covers it: not booked twice."""
+        entered = time.perf_counter()
+        if self._current is not None and not self._finished and self._depth == 0:
+            self._current.device_waits.append((what, before, after))
+        self._charge(entered)
+
     def _charge(self, entered: float) -> None:
         if self.steps and not self._finished:  # the worker thread may call in too; a float add is enough here
             self.steps[-1].telemetry_ms += (time.perf_counter() - entered) * 1e3
@@ -297,6 +310,11 @@ def split_step(rec: _Recorded) -> None:
             t.io_ms += idle_ms
         elif what in STALL_BLOCKS:
             t.stall_ms += idle_ms
+    for what, before, after in rec.device_waits:  # same stream, nothing queued between: the wait itself
+        waited_ms = max(0.0, before.elapsed_time(after))
+        t.blocks_ms[what] = t.blocks_ms.get(what, 0.0) + waited_ms
+        t.io_ms += waited_ms if what in IO_BLOCKS else 0.0
+        t.stall_ms += waited_ms if what in STALL_BLOCKS else 0.0
     for since, until in rec.stall_spans:
         if since in at and until in at:
             t.stall_ms += max(0.0, at[until] - at[since]) * 1e3
