@@ -1,6 +1,6 @@
 # Every target sets itself up from a clean clone: a virtual environment in .venv (reused when present).
 # VENV= (empty): use the interpreter at hand ($(PYTHON), e.g. PYTHON=/opt/conda/bin/python) as it is: no virtual
-# environment, no pip, no network; `install` only checks the imports and prints what is missing (README).
+# environment, no pip, no network; `install` only checks the imports and prints what is missing (docs/install.md).
 PYTHON ?= python3
 COMMA := ,
 VENV ?= .venv
@@ -76,6 +76,12 @@ gpu-check: install
 # ARGS=--run-validation reruns the cpu-scale validation runs first (≈30 min).
 project: install
 	$(PY) reproduce/project.py $(ARGS)
+
+# The claims table of results/README.md, rewritten from the committed tables (zenflow/harness/claims.py); run it
+# after a reproduction changed one of them (tests/test_claims.py fails until then).
+.PHONY: claims
+claims: install
+	$(PY) -m zenflow.harness.claims
 
 # Is ZenFlow's GLUE deficit ZenFlow's or the budget's? 3 epochs, and the staleness knobs (update interval, topk) at
 # the default budget, 3 seeds each, beside `make reproduce-glue`'s runs (≈75 min; results/glue/<hw>/study/; docs/glue.md)

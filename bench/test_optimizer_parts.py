@@ -1,11 +1,11 @@
-"""Benchmarks of the optimizer's parts, one per phase of a ZenFlow step (DESIGN §2), on one weight shape.
+"""Benchmarks of the optimizer's parts, one per phase of a ZenFlow step (docs/design.md §2), on one weight shape.
 
     .venv/bin/python -m pytest bench/test_optimizer_parts.py --benchmark-only
 
 | group            | what is timed                                                                            |
 |------------------|------------------------------------------------------------------------------------------|
 | select-columns   | `zenflow.selection.select_columns`: column norms of a gradient (fp32) + top-k             |
-| device-update    | `ZenFlowAdamW._device_update`: gather the selected gradient columns, fused AdamW on their  |
+| device-update    | `zenflow.device.device_update_`: gather the selected gradient columns, fused AdamW on their|
 |                  | fp32 masters and moments, write the model-dtype columns back (the real optimizer's phase)  |
 | link             | `Link.gather_to_host` (unselected gradient columns -> host buffer) and                    |
 |                  | `Link.scatter_to_device` (updated host columns -> the weight)                             |
@@ -18,11 +18,13 @@ smoke run is never compared with a full one. extra_info: shape, dtype, columns m
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 import torch
 
+from zenflow.device import device_update_
 from zenflow.hooks import Observers
 from zenflow.link import Link
 from zenflow.optimizer import ZenFlowAdamW
@@ -83,11 +85,11 @@ def test_device_selective_update(benchmark, shape: str) -> None:
                        zenflow={"topk_ratio": TOPK_RATIO, "update_interval": 4, "select_interval": 10**6})
     try:
         opt.step()  # builds the state and selects the columns: from here each call is a steady-state device update
-        selected = sum(opt.state[p]["sel"].numel() * p.shape[0] for p in model.parameters())
+        selected = sum(opt.state[p].sel.numel() * p.shape[0] for p in model.parameters())
         benchmark.group = "device-update"
-        # the optimizer's own phase (a private method on purpose: a copy of its arithmetic here would not follow
-        # changes to it); step() runs it under no_grad
-        update = torch.no_grad()(opt._device_update)
+        # the optimizer's own phase (not a copy of its arithmetic, which would not follow changes to it); step()
+        # runs it under no_grad, without clipping here
+        update = torch.no_grad()(functools.partial(device_update_, opt.param_groups, opt.state, None))
         benchmark.pedantic(_synced(update), rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS)
         # fp32 master, exp_avg, exp_avg_sq read+written, the gradient read and the model-dtype column written
         _info(benchmark, selected * (3 * 4 * 2 + 2 * DTYPE.itemsize), selected_elements=selected)

@@ -1,4 +1,4 @@
-"""Training-step benchmarks of every engine (DESIGN §3) on the cpu-scale workload, and the GPU workload with CUDA.
+"""Training-step benchmarks of every engine (docs/design.md §3) on the cpu-scale workload, and the GPU one with CUDA.
 
     .venv/bin/python -m pytest bench/test_train_step.py --benchmark-only
     ZENFLOW_BENCH_SMALL=1 ...          # a tiny Llama (workload id "cpu-scale-small", so it is never compared with
@@ -31,7 +31,7 @@ import torch
 
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE
 from zenflow.harness.engines import deepspeed_config
-from zenflow.harness.peer_engines import unavailable
+from zenflow.harness.registry import is_deepspeed, unavailable
 from zenflow.harness.runner import RunSpec
 from zenflow.harness.stepper import SteppedEngine
 
@@ -58,7 +58,7 @@ SUMMARY_KEYS = ("step_ms", "cycle_mean_ms", "accumulate_step_ms", "update_step_m
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("workload", list(WORKLOADS))
 def test_train_step(benchmark, bench_records_dir: Path, workload: str, engine: str) -> None:
-    if benchmark.disabled and engine.startswith("ds-") and os.environ.get("ZENFLOW_BENCH_SMOKE_DEEPSPEED") != "1":
+    if benchmark.disabled and is_deepspeed(engine) and os.environ.get("ZENFLOW_BENCH_SMOKE_DEEPSPEED") != "1":
         pytest.skip("smoke mode (--benchmark-disable): DeepSpeed engines take ~15 s each to start; "
                     "ZENFLOW_BENCH_SMOKE_DEEPSPEED=1 runs them too")
     shape = WORKLOADS[workload]

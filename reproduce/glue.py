@@ -34,7 +34,7 @@ from zenflow.harness import cli_checks as cc
 from zenflow.harness.configs import CORE_ENGINES, ENGINES, GLUE_BLOCK, GLUE_TRAIN_EXAMPLES
 from zenflow.harness.engines import deepspeed_config
 from zenflow.harness.glue.data import GlueError
-from zenflow.harness.glue.report import parity_report
+from zenflow.harness.glue.report import FAMILIES, parity_report
 from zenflow.harness.glue.workload import BAD_INPUT, check_inputs
 from zenflow.harness.plans import PlannedRun, execute, report_existing
 from zenflow.harness.session import RunSpec
@@ -133,8 +133,8 @@ def plan(args: argparse.Namespace, tasks: list[str], model: str) -> list[Planned
                 block = {**GLUE_BLOCK, "update_interval": args.update_interval, "topk_ratio": args.topk_ratio}
                 cfg = deepspeed_config(engine, block, args.dtype, args.micro_batch, lr=args.lr,
                                        weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available())
-                extra = {"seed": seed, **({"ds_repair_weight_view": True}
-                                          if args.ds_repair_weight_view and engine == "ds-zenflow" else {})}
+                repaired = args.ds_repair_weight_view and engine == FAMILIES["DeepSpeed"][0]  # DeepSpeed's ZenFlow
+                extra = {"seed": seed, **({"ds_repair_weight_view": True} if repaired else {})}
                 spec = RunSpec(engine=engine, label=f"glue/{task}", workload=workload, ds_config=cfg,
                                warmup_steps=args.warmup_steps, timed_steps=0, progress=False, extra=extra)
                 planned.append(PlannedRun(f"{task}-{engine}-s{seed}.json", spec))

@@ -28,8 +28,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from any folder
 
 from zenflow.harness import cli_checks as cc  # noqa: E402
+from zenflow.harness import host_ceiling  # noqa: E402
 from zenflow.harness import memory_plan as mp  # noqa: E402
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES  # noqa: E402
+from zenflow.harness.registry import is_deepspeed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW_S = 570  # one command: 9.5 minutes
@@ -84,7 +86,7 @@ def run_seconds(args: argparse.Namespace) -> dict[str, float]:
                           SHAPES["llama2-7b"]["heads"], SHAPES["llama2-7b"]["heads"])
     needs = mp.plan(args.engines, shape, 2, True, DEEPSPEED_EXAMPLES_BLOCK, 512, 1, 0)  # a GPU host's rates
     seconds = {n.engine: n.run_s(12) * (2 if n.engine == "ref-zenflow" else 1) for n in needs}
-    first_ds = next((e for e in args.engines if e.startswith("ds-")), None)
+    first_ds = next((e for e in args.engines if is_deepspeed(e)), None)
     if first_ds:
         seconds[first_ds] += DS_BUILD_S
     return seconds
@@ -153,11 +155,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def publish(out: Path, dest: Path) -> None:
-    """Copy the merged result set (records, table, figure; no .partial) into `dest`."""
+    """Copy the merged result set (records, table, figure, the host's rates; no .partial) into `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
     for path in sorted(out.iterdir()):
         if path.is_file() and not path.name.startswith("."):
             shutil.copy2(path, dest / path.name)
+        elif path.is_dir() and path.name == Path(host_ceiling.FILE).parent.name:
+            shutil.copytree(path, dest / path.name, dirs_exist_ok=True)
     print(f"published {out} -> {dest}", file=sys.stderr)
 
 

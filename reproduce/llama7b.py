@@ -2,7 +2,7 @@
 
 With a GPU: Llama-2-7B (or --model), bf16, Alpaca, sequence 512, DeepSpeedExamples settings (AdamW 2e-5, weight
 decay 0.01, clipping 1.0, top-k 0.1, update interval 4, overlap on). Without one: the cpu-scale scenario of
-DESIGN §5 (a ≈58M-parameter Llama built from LlamaConfig, the Llama SentencePiece tokenizer, real Alpaca records),
+docs/design.md §5 (a ≈58M-parameter Llama from LlamaConfig, the Llama SentencePiece tokenizer, real Alpaca records),
 labelled "cpu-scale" everywhere. Output: records, table.md/.csv and figure.png in results/llama7b/<hardware-id>/.
 
     python reproduce/llama7b.py                      # what `make reproduce-llama7b` runs
@@ -39,6 +39,7 @@ from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES, T
 from zenflow.harness.engines import deepspeed_config
 from zenflow.harness.plans import PlannedRun, execute, report_existing
 from zenflow.harness.preflight import PreflightError, check_async_io, check_build_locks, check_cuda_usable
+from zenflow.harness.registry import is_deepspeed, needs_async_io
 from zenflow.harness.report import scenario_report
 from zenflow.harness.session import RunSpec
 from zenflow.telemetry.environment import capture_environment
@@ -162,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         return cc.refuse(f"argument --out: {str(out)!r} {problem}")
     try:  # a GPU host whose torch cannot use CUDA would silently train on the CPU under the GPU's hardware id
         check_cuda_usable()
-        if any(e.startswith("ds-") for e in args.engines):
+        if any(is_deepspeed(e) for e in args.engines):
             check_build_locks()  # a stale DeepSpeed op-build lock would hang every ds run with no output
-        if args.nvme_path and "ds-zero-infinity" in args.engines:
+        if args.nvme_path and needs_async_io(args.engines, str(args.nvme_path)):
             check_async_io()  # without libaio every ZeRO-Infinity run would fail at its first swap
     except PreflightError as exc:
         return cc.refuse(str(exc))

@@ -2,12 +2,12 @@
 
 A *job* is a plain dict (torch.save-able, loaded back with weights_only=True): the DeepSpeed config dict, a model
 spec, the initial weights, the batches, and what to record. `run_deepspeed(job)` runs this file as a script in a
-fresh interpreter (DESIGN §3: DeepSpeed changes process affinity and threads, and its overlap worker re-imports
-`__main__`, so the entry point sits behind an `if __name__ == "__main__":` guard, DESIGN §6) and returns the
+fresh interpreter (docs/design.md §3: DeepSpeed changes process affinity and threads, and its overlap worker re-imports
+`__main__`, so the entry point sits behind an `if __name__ == "__main__":` guard, docs/design.md §6) and returns the
 recorded trace. `run_ours(job)` replays the same job through `ZenFlowAdamW.from_deepspeed_config` in-process.
 
 A trace holds, per step: the loss, every parameter after the step and the selected column indices of every column
-param (DeepSpeed: `param.selected_indices`; ours: `opt.state[p]["sel"]`), plus the probes the job names. The
+param (DeepSpeed: `param.selected_indices`; ours: `opt.state[p].sel`), plus the probes the job names. The
 DeepSpeed side only *observes* its internals (wrapped methods call the originals unchanged), except with
 `repair_layout`, which fixes one view (divergence G, see `_repair_weight_layout`).
 """
@@ -230,12 +230,12 @@ def run_ours(job: dict[str, Any], zenflow_extra: dict[str, Any] | None = None,
             opt.zero_grad(set_to_none=True)
             trace["loss"].append(loss.item())
             trace["params"].append([p.detach().float().clone() for p in model.parameters()])
-            trace["sel"].append([opt.state[p]["sel"].long().clone() if p.dim() >= 2 else None
+            trace["sel"].append([opt.state[p].sel.long().clone() if p.dim() >= 2 else None
                                  for p in model.parameters()])
     finally:
         opt.close(flush=False)
     trace["host_updates"] = opt.host_updates
-    trace["d_step"] = [opt.state[p]["d_step"] for p in model.parameters() if p.dim() >= 2]
+    trace["d_step"] = [opt.state[p].d_step for p in model.parameters() if p.dim() >= 2]
     return trace
 
 

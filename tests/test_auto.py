@@ -12,10 +12,9 @@ import pytest
 import torch
 from helpers import Interleaved, clone_model, grad_stream, set_grads, train_steps, zenflow
 
-import zenflow.optimizer as optimizer_module
 from zenflow import ZenFlowConfig
+from zenflow.auto_interval import AUTO_LAG
 from zenflow.config import AUTO_MAX_UPDATE_INTERVAL, AUTO_SELECT_INTERVAL_STEPS
-from zenflow.optimizer import AUTO_LAG
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -33,7 +32,7 @@ def test_auto_update_interval_trains_and_updates_the_host_part(overlap):
     assert all(math.isfinite(x) for x in losses)
     assert sum(losses[-10:]) < sum(losses[:10])
     assert opt.host_updates >= 60 / AUTO_MAX_UPDATE_INTERVAL  # the auto rule fires (at least at its cap)
-    host_cols = opt.state[w]["host"].cols
+    host_cols = opt.state[w].host.cols
     assert not torch.equal(w.detach()[:, host_cols], start[:, host_cols])  # host-owned columns did move
 
 
@@ -74,18 +73,19 @@ def _firing_steps(opt, model, grads) -> list[int]:
     return fired
 
 
-def _jittery_worker(monkeypatch, seed: int) -> None:
-    """The worker takes a random time per accumulation, so any timing-dependent decision would show."""
-    real, rng = optimizer_module.accumulate_, random.Random(seed)
+def _jittery(seed: int):
+    """A HostWorker.before_job hook: the worker takes a random time per accumulation, so any timing-dependent
+    decision would show."""
+    rng = random.Random(seed)
 
-    def jittery(*args, **kwargs):
-        time.sleep(rng.uniform(0.0, 0.004))
-        return real(*args, **kwargs)
+    def jitter(kind: str) -> None:
+        if kind == "accumulate":
+            time.sleep(rng.uniform(0.0, 0.004))
 
-    monkeypatch.setattr(optimizer_module, "accumulate_", jittery)
+    return jitter
 
 
-def test_auto_fires_at_the_same_steps_in_sync_and_overlap_whatever_the_worker_timing(monkeypatch):
+def test_auto_fires_at_the_same_steps_in_sync_and_overlap_whatever_the_worker_timing():
     model = Interleaved([16, 32, 32, 4], seed=0)
     grads = grad_stream(model, 60, seed=5)
     block = dict(topk_ratio=0.1, update_interval="auto", full_warm_up_rounds=0)
@@ -94,9 +94,9 @@ def test_auto_fires_at_the_same_steps_in_sync_and_overlap_whatever_the_worker_ti
         sync_fired = _firing_steps(opt, sync_model, grads)
     assert 60 / AUTO_MAX_UPDATE_INTERVAL < len(sync_fired) < 60  # the rule decides: neither the cap nor always
     for seed in range(3):
-        _jittery_worker(monkeypatch, seed)
         overlap_model = clone_model(model)
         with zenflow(overlap_model, overlap_step=True, **block) as opt:
+            opt.worker.before_job = _jittery(seed)
             assert _firing_steps(opt, overlap_model, grads) == sync_fired, f"worker timing seed {seed}"
 
 
@@ -113,7 +113,7 @@ def test_auto_fires_exactly_when_the_unselected_mass_catches_up(overlap):
         fired = _firing_steps(opt, layer, [[grad]] * 20)
     period = 3 + AUTO_LAG
     assert fired == [period * (i + 1) - 1 for i in range(20 // period)]
-    assert opt.state[layer.weight]["sel"].tolist() == [0, 1, 2, 3]
+    assert opt.state[layer.weight].sel.tolist() == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("overlap", [False, True])

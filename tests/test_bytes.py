@@ -1,4 +1,4 @@
-"""The bytes the optimizer moves per step equal DESIGN §2's formula exactly."""
+"""The bytes the optimizer moves per step equal docs/design.md §2's formula exactly."""
 
 from __future__ import annotations
 

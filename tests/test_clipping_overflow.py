@@ -7,6 +7,7 @@ import torch
 from helpers import Interleaved, clone_model, grad_stream, set_grads
 
 from zenflow import ZenFlowAdamW
+from zenflow.state import ColumnState
 
 
 def scaled_grads(model, steps, seed, scale):
@@ -61,7 +62,8 @@ def test_non_finite_gradient_skips_the_step_on_both_parts(overlap):
         opt.step()
     opt.drain()
     before = [p.detach().clone() for p in model.parameters()]
-    state = {id(p): (opt.state[p].get("d_step"), opt.state[p].get("step")) for p in model.parameters()}
+    state = {id(p): (getattr(opt.state[p], "d_step", None), getattr(opt.state[p], "step", None))
+             for p in model.parameters()}
     bad = [g.clone() for g in grads[2]]
     bad[-2][0, 0] = float("inf")  # one element of one weight overflowed (fp16-style)
     set_grads(model, bad)
@@ -71,8 +73,9 @@ def test_non_finite_gradient_skips_the_step_on_both_parts(overlap):
     assert opt.skipped_steps == 1 and opt.t == t
     for p, q in zip(model.parameters(), before):
         assert torch.equal(p, q)
-    assert state == {id(p): (opt.state[p].get("d_step"), opt.state[p].get("step")) for p in model.parameters()}
+    assert state == {id(p): (getattr(opt.state[p], "d_step", None), getattr(opt.state[p], "step", None))
+                     for p in model.parameters()}
     for p in model.parameters():
-        if "host" in opt.state[p]:
-            assert all(c == 0 for c in opt.state[p]["host"].counts)  # nothing accumulated
+        if isinstance(opt.state[p], ColumnState):
+            assert all(c == 0 for c in opt.state[p].host.counts)  # nothing accumulated
     opt.close()

@@ -6,7 +6,7 @@ same job (same initial weights, batches, and DeepSpeed config dict through `ZenF
 1. Differential (`test_differential_*`): DeepSpeed and ours agree step for step, sync and overlap, on a bias-free,
    norm-free fp32 model with explicit weight decay, integer intervals and warm-up >= 1: the same selected columns
    at every (re)selection and the same parameters after every step, within rounding. Two things are needed on top of
-   DESIGN §7's recipe, both found while writing these tests (G, H and I are tested below; J is read from the source):
+   docs/design.md §7's recipe, both found while writing these tests (G, H, I tested below; J read from the source):
    - DeepSpeed runs with its weight *view* repaired (G: 0.19.8 re-views its transposed flat buffer untransposed,
      so the module trains scrambled weights and the host update lands on the wrong elements; nothing agrees).
    - betas = (0, 0): AdamW without memory (update = -lr·g/(|g|+eps) - lr·wd·p), because DeepSpeed's moment
@@ -15,7 +15,7 @@ same job (same initial weights, batches, and DeepSpeed config dict through `ZenF
      so each sees every other host update (J: `exp_avg[now_state]` in csrc/adam/cpu_adam_impl.cpp's ZenFlowAdam).
      Everything else is still checked: warm-up, selection (scores, k, timing), which part owns which column,
      boundaries, the mean over U accumulated gradients, weight decay on both parts, overlap staleness.
-2. One test per DeepSpeed divergence A-F of DESIGN §7 (and G, H+I found here), each asserting DeepSpeed's actual
+2. One test per DeepSpeed divergence A-F of docs/design.md §7 (and G, H+I found here), each asserting DeepSpeed's actual
    behaviour (so it fails when DeepSpeed changes it) and, where meaningful, that ours does the right thing on the
    same input. D is already fixed in 0.19.8: that test asserts what DeepSpeed does now.
 """
@@ -198,11 +198,11 @@ def test_divergence_C_selection_windows_shifted_by_1d_params():
 
 
 def test_divergence_D_device_step_counter_is_fp32_in_0_19_8():
-    """D (fixed in 0.19.8, so this asserts what DeepSpeed does now): DESIGN §7 says the device optimizer's step
+    """D (fixed in 0.19.8, so this asserts what DeepSpeed does now): docs/design.md §7 says the device optimizer's step
     counter has the param dtype, so in bf16 it sticks at 256 (256 + 1 == 256 in bf16) and bias correction freezes.
     In 0.19.8 ZenFlowSelectiveAdamW creates `state["step"]` as an fp32 tensor (and upcasts bf16 ones on load):
     after 300 bf16 steps (1 warm-up) it reads exactly 299. Related, still true: the device part updates the bf16
-    weight in place with bf16 moments (no fp32 master, unlike DESIGN §2)."""
+    weight in place with bf16 moments (no fp32 master, unlike docs/design.md §2)."""
     assert torch.tensor(256.0, dtype=torch.bfloat16) + 1 == 256  # what a bf16 counter would do
     model = {"widths": [16, 16, 8], "dtype": "bfloat16"}
     job = make_job(ds_config(zenflow_block(update_interval=1, full_warm_up_rounds=1), bf16={"enabled": True}),
@@ -255,7 +255,7 @@ def test_divergence_F_overlap_warmup0_first_host_result_at_third_boundary():
 
 
 def test_divergence_G_weights_viewed_untransposed():
-    """G (not in DESIGN §7): ZenFlow stage 1/2 flattens each weight W[out, in] transposed (so a column is
+    """G (docs/design.md §7): ZenFlow stage 1/2 flattens each weight W[out, in] transposed (so a column is
     contiguous) and lays the gradients out the same way, but `_update_model_bit16_weights` re-views the flat
     buffer as [out, in] without transposing. (1) At `deepspeed.initialize` every weight becomes W.T's memory read
     as [out, in] (a pretrained model is scrambled). (2) The host update applies the gradient of element (i, j) to
@@ -287,9 +287,9 @@ def test_divergence_G_weights_viewed_untransposed():
 def test_divergence_H_I_moment_bookkeeping():
     """With real betas (0.9, 0.999) and the layout repaired, DeepSpeed and ours agree through warm-up and pick the
     same columns at the first selection, then part (well beyond rounding) because of DeepSpeed's bookkeeping:
-    H (not in DESIGN §7): the host AdamW's bias correction uses the global step number (`step_id = micro_step + 1`:
+    H (docs/design.md §7): the host AdamW's bias correction uses the global step number (`step_id = micro_step + 1`:
       1, 2, 3, 4, 6, 8 for W = 4, U = 2), not the number of host updates (ours: 1..6).
-    I (DESIGN §2 notes it for reselection): at the first selection the device part starts from zero moments and
+    I (docs/design.md §7): at the first selection the device part starts from zero moments and
       step 0, dropping the warm-up history of the selected columns; its step counter then reads steps - W.
       Ours carries the columns' moments and step count over (a topk_ratio=1 run is exactly AdamW)."""
     steps, warm_up = 8, 4

@@ -84,6 +84,12 @@ def test_chunked_sequence_with_a_kill_gives_the_uninterrupted_table(tmp_path):
         assert done.returncode == 0, done.stderr
     assert not (chunked / ".partial").exists()
     assert "Host ceiling: ref-zenflow over ref-offload" in (chunked / "table.md").read_text()
+    published = tmp_path / "published"
+    done = subprocess.run([*GPU_7B, "--out", str(chunked), "--step", "6", "--publish", str(published)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert (published / "host" / "rates.json").exists() and (published / "table.md").exists()
+    assert sorted(p.name for p in published.glob("*.json")) == sorted(p.name for p in chunked.glob("*.json"))
     one = subprocess.run([sys.executable, str(ROOT / "reproduce" / "llama7b.py"), "--smoke", "--device", "cpu",
                           "--repeats", "1", "--engines", *ENGINES, "--out", str(whole)], capture_output=True,
                          text=True, timeout=600, cwd=ROOT)

@@ -45,10 +45,10 @@ class Probe(TrainerCallback):
         self.stop_after_save_at = stop_after_save_at
 
     def on_evaluate(self, args, state, control, **kwargs) -> None:
-        self.pending_at.append(("evaluate", self.optimizer._pending is not None))
+        self.pending_at.append(("evaluate", self.optimizer.pending is not None))
 
     def on_save(self, args, state, control, **kwargs) -> None:
-        self.pending_at.append(("save", self.optimizer._pending is not None))
+        self.pending_at.append(("save", self.optimizer.pending is not None))
         if state.global_step == self.stop_after_save_at:
             raise Stop
 
@@ -75,7 +75,7 @@ def test_trainer_drains_before_evaluating_and_saving_and_resumes_bit_exactly(tmp
     whole, whole_opt = trainer(tmp_path / "whole", whole_probe)
     whole.train()
     assert whole_probe.pending_at == [("evaluate", False), ("save", False)] * 2  # steps 6 and 12
-    assert whole_opt._worker is None  # train end closed it
+    assert not whole_opt.worker.started  # train end closed it
     assert whole.lr_scheduler.optimizer is whole_opt or whole.lr_scheduler.optimizer.optimizer is whole_opt
 
     interrupted, _ = trainer(tmp_path / "cut", Probe(stop_after_save_at=6))

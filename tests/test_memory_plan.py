@@ -113,6 +113,23 @@ def test_peak_rss_estimate_within_10_percent(held, engine):
     assert abs(plan[engine].host - actual) <= 0.10 * actual, (plan[engine].host / mp.GiB, actual / mp.GiB)
 
 
+def test_a_child_does_not_inherit_its_parents_peak(tmp_path):
+    """Negative control of the RSS figures above: ru_maxrss would report a large parent's peak in a fresh child
+    (Linux keeps it across fork and exec); peak_rss_bytes (VmHWM) reports the child's own."""
+    import subprocess
+    import sys
+
+    ballast = bytearray(1 << 30)  # this process: > 1 GiB resident
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    code = ("import resource; from zenflow.harness.session import peak_rss_bytes; "
+            "print(peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    own, inherited = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                             check=True).stdout.split())
+    assert inherited >= mp.GiB  # the measure the records used to take: the parent's peak
+    assert own < 0.8 * mp.GiB  # the child's own: imports only
+    del ballast
+
+
 def test_an_engine_that_does_not_fit_gets_a_skipped_record_in_seconds(tmp_path):
     """The preflight's negative control: a simulated 1 GiB host skips ref-zenflow without starting a child."""
     import subprocess

@@ -1,4 +1,4 @@
-"""DESIGN §2's exact oracles: degenerate ZenFlow configurations equal torch.optim.AdamW (fp32, within rounding)."""
+"""docs/design.md §2's exact oracles: degenerate ZenFlow configs equal torch.optim.AdamW (fp32, within rounding)."""
 
 from __future__ import annotations
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 import time
 import weakref
 
-import pytest
 import torch
 
-import zenflow.optimizer as optimizer_module
 from zenflow import ZenFlowAdamW
 
 
@@ -31,14 +29,13 @@ class Wide(torch.nn.Module):
         return self.proj(x)
 
 
-def _slow_host(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    real = optimizer_module.accumulate_
+def _slow_host(seconds: float):
+    """A HostWorker.before_job hook: the host part is slower than a training step."""
+    def slow(kind: str) -> None:
+        if kind == "accumulate":
+            time.sleep(seconds)
 
-    def slow(*args, **kwargs):
-        time.sleep(seconds)  # the host part is slower than a training step
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(optimizer_module, "accumulate_", slow)
+    return slow
 
 
 def _gradient_sets_alive_after_each_step(opt: ZenFlowAdamW, model: torch.nn.Module, steps: int) -> list[int]:
@@ -54,12 +51,12 @@ def _gradient_sets_alive_after_each_step(opt: ZenFlowAdamW, model: torch.nn.Modu
     return counts
 
 
-def test_background_work_keeps_at_most_two_gradient_sets_alive(monkeypatch):
-    _slow_host(monkeypatch, 0.2)
+def test_background_work_keeps_at_most_two_gradient_sets_alive():
     model = Wide()
     opt = ZenFlowAdamW(model.parameters(), lr=1e-3, zenflow={
         "topk_ratio": 0.1, "update_interval": 4, "select_interval": 1000, "overlap_step": True,
         "full_warm_up_rounds": 0})
+    opt.worker.before_job = _slow_host(0.2)
     try:
         counts = _gradient_sets_alive_after_each_step(opt, model, 14)
     finally:
@@ -68,22 +65,21 @@ def test_background_work_keeps_at_most_two_gradient_sets_alive(monkeypatch):
     assert max(counts) >= 1, "the background work held no gradient: the test cannot see the bound"
 
 
-def test_sync_mode_keeps_no_gradient_alive_after_the_step(monkeypatch):
-    _slow_host(monkeypatch, 0.01)
-    model = Wide()
+def test_sync_mode_keeps_no_gradient_alive_after_the_step():
+    model = Wide()  # sync mode has no worker: every accumulation runs inline, within the step
     opt = ZenFlowAdamW(model.parameters(), lr=1e-3, zenflow={
         "topk_ratio": 0.1, "update_interval": 4, "select_interval": 1000, "overlap_step": False})
     counts = _gradient_sets_alive_after_each_step(opt, model, 6)
     assert counts == [0] * 6
 
 
-def test_backpressure_waits_are_booked_as_stall(monkeypatch):
+def test_backpressure_waits_are_booked_as_stall():
     """Waiting for the worker to make room is a wait of the training thread for the host: a `host_wait`."""
-    _slow_host(monkeypatch, 0.05)
     model = Wide()
     opt = ZenFlowAdamW(model.parameters(), lr=1e-3, zenflow={
         "topk_ratio": 0.1, "update_interval": 8, "select_interval": 1000, "overlap_step": True,
         "full_warm_up_rounds": 0})
+    opt.worker.before_job = _slow_host(0.05)
     blocks: list[str] = []
 
     class Recorder:

@@ -12,9 +12,9 @@ import pytest
 
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE, TWIN_FLOW_SUB_GROUPS
 from zenflow.harness.engines import deepspeed_config
-from zenflow.harness.peer_engines import unavailable
 from zenflow.harness.preflight import PreflightError, check_async_io
 from zenflow.harness.records import RunRecord
+from zenflow.harness.registry import unavailable
 from zenflow.harness.report import engine_rows, regime_notes, table
 from zenflow.harness.runner import run_in_subprocess
 from zenflow.harness.session import RunSpec

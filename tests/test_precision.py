@@ -28,12 +28,12 @@ def test_bf16_model_counts_steps_exactly_and_bias_correction_matches_fp32_adamw_
     for p, q in zip(bf16.parameters(), fp32.parameters()):
         st = opt.state[p]
         if p.dim() >= 2:
-            assert st["d_step"] == STEPS and isinstance(st["d_step"], int)
-            assert st["host"].step == 3  # the warm-up steps went through the host
-            master = st["d_master"]
+            assert st.d_step == STEPS and isinstance(st.d_step, int)
+            assert st.host.step == 3  # the warm-up steps went through the host
+            master = st.d_master
         else:
-            assert st["step"] == STEPS
-            master = st["master"]
+            assert st.step == STEPS
+            master = st.master
         assert master.dtype == torch.float32
         torch.testing.assert_close(master, q.detach(), rtol=1e-6, atol=1e-7)  # the fp32 trajectory, exactly
         torch.testing.assert_close(p.detach(), q.detach().to(torch.bfloat16), rtol=0, atol=0)
@@ -52,7 +52,7 @@ def test_bf16_host_part_counts_exactly_over_many_boundaries():
         ref.step()
     for p, q in zip(bf16.parameters(), fp32.parameters()):
         if p.dim() >= 2:
-            part = opt.state[p]["host"]
+            part = opt.state[p].host
             assert part.step == STEPS
             assert torch.equal(part.cols, torch.arange(p.shape[1]))  # nothing selected: the host owns all
             torch.testing.assert_close(part.master, q.detach(), rtol=1e-6, atol=1e-7)

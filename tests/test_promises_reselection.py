@@ -32,19 +32,20 @@ def column_state(opt, p: torch.Tensor) -> dict:
     """Per column of `p` (`[out, in]`, fp64), wherever it lives: fp32 master, raw and bias-corrected moments,
     the owner's step count, and which columns the device owns. With ParamsAtReselection.on_block_start, the only
     code here that reads the optimizer's state layout (adapt them, not the tests, if the layout changes)."""
-    st, part = opt.state[p], opt.state[p]["host"]
-    width = part.n_host + st["sel"].numel()
-    sel, host_cols = st["sel"].cpu(), part.cols
-    out: dict = {"sel": sel.clone(), "d_step": st["d_step"], "h_step": part.step}
+    st = opt.state[p]
+    part = st.host
+    width = part.n_host + st.sel.numel()
+    sel, host_cols = st.sel.cpu(), part.cols
+    out: dict = {"sel": sel.clone(), "d_step": st.d_step, "h_step": part.step}
     steps = torch.zeros(width, dtype=torch.float64)
-    steps[host_cols], steps[sel] = float(part.step), float(st["d_step"])
+    steps[host_cols], steps[sel] = float(part.step), float(st.d_step)
     out["steps"] = steps
     master = torch.zeros(p.shape[0], width, dtype=torch.float64)
-    master[:, host_cols], master[:, sel] = part.master.double(), st["d_master"].double().cpu()
+    master[:, host_cols], master[:, sel] = part.master.double(), st.d_master.double().cpu()
     out["master"] = master
     for name, beta in (("exp_avg", BETAS[0]), ("exp_avg_sq", BETAS[1])):
         raw = torch.zeros(p.shape[0], width, dtype=torch.float64)
-        raw[:, host_cols], raw[:, sel] = getattr(part, name).double(), st[f"d_{name}"].double().cpu()
+        raw[:, host_cols], raw[:, sel] = getattr(part, name).double(), getattr(st, f"d_{name}").double().cpu()
         # a zero count means a zero moment (nothing to correct); keep the raw value there
         correction = torch.where(steps > 0, 1 - beta ** steps, torch.ones_like(steps))
         out[name], out[f"{name}_hat"] = raw, raw / correction
@@ -204,9 +205,9 @@ class ParamsAtReselection:
         if what != "reselect":
             return
         self.params.append([p.detach().clone() for p in self.model.parameters()])
-        ok = self.opt._pending is None
+        ok = self.opt.pending is None
         for p in column_params(self.model):
-            part = self.opt.state[p]["host"]
+            part = self.opt.state[p].host
             ok &= not any(part.counts) and not part.staged
             ok &= torch.equal(p.detach().view(p.shape[0], -1)[:, part.cols].float(), part.master)
         self.drained.append(bool(ok))

@@ -280,3 +280,36 @@ def test_installed_as_a_package_torch_keeps_its_own_cache(tmp_path, monkeypatch)
     monkeypatch.setattr(preflight, "CHECKOUT", tmp_path)  # site-packages: no pyproject.toml
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert torch_extensions_dir() == tmp_path / "cache" / "torch_extensions"
+
+
+STOP_DURING_FORK = """
+import os, signal, subprocess, sys
+from zenflow.harness.processes import group_alive, start_group
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, interrupt)
+# the stop arrives exactly in the window between fork and Popen's return (an at-fork callback sends it)
+os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), signal.SIGTERM))
+try:
+    if sys.argv[1] == "start_group":
+        proc = start_group([sys.executable, "-c", "import time; time.sleep(60)"])
+    else:  # the negative control: a preexec_fn without the blocked window
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                                preexec_fn=lambda: None)
+except KeyboardInterrupt:
+    print("interrupted")
+    sys.exit(0)
+print("carried on")
+proc.kill()
+"""
+
+
+@pytest.mark.parametrize("how, said", [("start_group", "interrupted"), ("plain-preexec", "carried on")],
+                         ids=["blocked-window", "negative-control-lost"])
+def test_a_stop_that_arrives_while_a_child_is_forked_is_not_lost(how, said):
+    """A SIGTERM during the fork used to be swallowed by CPython's at-fork callbacks ("Exception ignored") and the
+    plan ran on (seen once in a clean-clone test run); start_group holds it until the child exists."""
+    done = subprocess.run([sys.executable, "-c", STOP_DURING_FORK, how], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.strip().splitlines()[-1:] == [said], done.stderr

@@ -35,8 +35,8 @@ def test_selection_is_per_parameter_topk_with_1d_params_before_each_weight(norm,
             continue
         width = g.reshape(g.shape[0], -1).shape[1]
         k = num_selected(width, ratio)
-        assert opt.state[p]["sel"].tolist() == brute_force_topk(g, k, norm)
-        assert sorted(opt.state[p]["host"].cols.tolist()) == sorted(
+        assert opt.state[p].sel.tolist() == brute_force_topk(g, k, norm)
+        assert sorted(opt.state[p].host.cols.tolist()) == sorted(
             set(range(width)) - set(brute_force_topk(g, k, norm)))
 
 
@@ -65,12 +65,12 @@ def test_reselection_moves_values_and_moments_so_no_state_is_lost():
         opt.step()
     opt.drain()
     st = opt.state[w]
-    part = st["host"]
+    part = st.host
     # master copies agree with the parameter column by column, wherever each column lives
-    torch.testing.assert_close(st["d_master"], w.detach()[:, st["sel"]], rtol=0, atol=0)
+    torch.testing.assert_close(st.d_master, w.detach()[:, st.sel], rtol=0, atol=0)
     torch.testing.assert_close(part.master, w.detach()[:, part.cols], rtol=0, atol=0)
     # every column has nonzero second moments (state carried over, never reset to zero)
     v = torch.zeros(w.shape[1])
-    v[st["sel"]] = st["d_exp_avg_sq"].abs().sum(0)
+    v[st.sel] = st.d_exp_avg_sq.abs().sum(0)
     v[part.cols] = part.exp_avg_sq.abs().sum(0)
     assert (v > 0).all()

@@ -234,7 +234,9 @@ def test_hardware_id_for_a_gpu_host():
         "nvml": {"available": True, "driver": "555.42.06", "devices": [{"name": "NVIDIA A100-SXM4-80GB"}] * 4},
     }
     env["nvml"]["devices"] = [d | {"pcie_gen_max": 4} for d in env["nvml"]["devices"]]
-    assert environment.hardware_id(env) == "nvidia-a100-sxm4-80gbx4-pcie4"
+    assert environment.hardware_id(env) == "nvidia-a100-sxm4-80gbx4-pcie4-128c-mem-unknown"  # host named too
+    env["memory_total_bytes"] = 1024 * 2**30
+    assert environment.hardware_id(env) == "nvidia-a100-sxm4-80gbx4-pcie4-128c-1024g"
     label = "4x NVIDIA A100-SXM4-80GB, PCIe gen 4, driver 555.42.06 (host: 128-core AMD EPYC 7763 64-Core Processor)"
     assert environment.hardware_label(env) == label
     env["nvml"] = {"available": False, "reason": "NVML Shared Library Not Found"}

@@ -1,4 +1,5 @@
-"""The overlap worker: failures surface as exceptions within 5 s, and nothing is left behind."""
+"""The overlap worker: failures surface as exceptions within 5 s, and nothing is left behind. Faults are injected
+through the worker (`HostWorker.before_job`, run on the worker thread before each job)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ import sys
 import textwrap
 import threading
 import time
-from concurrent.futures import Future
 
 import pytest
 import torch
 from helpers import Interleaved, train_steps, zenflow
 
-import zenflow.optimizer as optimizer_module
 from zenflow import HostWorkerError
 
 OVERLAP = dict(topk_ratio=0.2, update_interval=2, overlap_step=True)
@@ -24,27 +23,44 @@ def worker_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "zenflow-host-worker" and t.is_alive()]
 
 
+def fault(kind: str, action) -> object:
+    """A HostWorker.before_job hook: `action()` on the worker thread before each job of that kind."""
+    return lambda job_kind: action() if job_kind == kind else None
+
+
+def crash() -> None:
+    sys.exit()  # ends the worker thread without resolving its job, as a crash would
+
+
+def wait_for_death(opt) -> None:
+    deadline = time.monotonic() + 5
+    while opt.worker.alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert opt.worker.dead
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point
 def test_killed_worker_with_an_update_in_flight_raises_within_5s():
     model = Interleaved([8, 8, 3], seed=0)
     opt = zenflow(model, **OVERLAP)
     train_steps(model, opt, 3, seed=0)
-    opt._worker._die_for_testing()
-    opt._pending = Future()  # a host update the dead worker will never finish
-    opt._jobs.append(opt._pending)
+    opt.worker.before_job = fault("host_update", crash)
+    train_steps(model, opt, 1, seed=0, start=3)  # a boundary: its host update is queued, the worker dies on it
+    wait_for_death(opt)
     start = time.monotonic()
     with pytest.raises(HostWorkerError, match="died with host work in flight"):
-        train_steps(model, opt, 1, seed=0, start=3)
+        train_steps(model, opt, 1, seed=0, start=4)
     assert time.monotonic() - start < 5
     opt.close()
 
 
-def test_failed_background_accumulation_surfaces_at_the_next_step(monkeypatch):
-    def broken(*args, **kwargs):
+def test_failed_background_accumulation_surfaces_at_the_next_step():
+    def broken() -> None:
         raise RuntimeError("gather failed (simulated)")
 
     model = Interleaved([8, 8, 3], seed=0)
     opt = zenflow(model, **OVERLAP)
-    monkeypatch.setattr(optimizer_module, "accumulate_", broken)
+    opt.worker.before_job = fault("accumulate", broken)
     train_steps(model, opt, 1, seed=0)  # the first step is the selection; its accumulation fails on the worker
     time.sleep(0.2)
     with pytest.raises(HostWorkerError, match="simulated"):
@@ -53,14 +69,14 @@ def test_failed_background_accumulation_surfaces_at_the_next_step(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point
-def test_worker_thread_dying_in_the_middle_of_a_host_update_raises_within_5s(monkeypatch):
-    def dies(*args, **kwargs):
+def test_worker_thread_dying_in_the_middle_of_a_host_update_raises_within_5s():
+    def dies() -> None:
         time.sleep(0.3)
-        sys.exit()  # ends the worker thread without resolving its job
+        crash()
 
     model = Interleaved([8, 8, 3], seed=0)
     opt = zenflow(model, **OVERLAP)
-    monkeypatch.setattr(optimizer_module, "host_adamw_", dies)
+    opt.worker.before_job = fault("host_update", dies)
     train_steps(model, opt, 2, seed=0)  # boundary 1 submitted; the worker dies while running it
     start = time.monotonic()
     with pytest.raises(HostWorkerError, match="died"):
@@ -69,25 +85,30 @@ def test_worker_thread_dying_in_the_middle_of_a_host_update_raises_within_5s(mon
     opt.close(flush=False)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point
 def test_worker_dead_at_a_boundary_raises_instead_of_submitting():
     model = Interleaved([8, 8, 3], seed=0)
     opt = zenflow(model, **OVERLAP)
     train_steps(model, opt, 2, seed=0)
-    opt._worker._die_for_testing()
+    opt.worker.before_job = fault("accumulate", crash)
+    train_steps(model, opt, 1, seed=0, start=2)  # not a boundary: the worker dies on its accumulation
+    wait_for_death(opt)
+    with pytest.raises(HostWorkerError, match="not running"):
+        opt.worker.submit("host_update", lambda: None)  # a dead worker takes no job: it raises, never queues
     start = time.monotonic()
     with pytest.raises(HostWorkerError):
-        train_steps(model, opt, 4, seed=0, start=2)
+        train_steps(model, opt, 3, seed=0, start=3)
     assert time.monotonic() - start < 5
     opt.close(flush=False)
 
 
-def test_exception_in_host_update_surfaces_at_the_next_boundary(monkeypatch):
-    def broken(*args, **kwargs):
+def test_exception_in_host_update_surfaces_at_the_next_boundary():
+    def broken() -> None:
         raise MemoryError("host out of memory (simulated)")
 
     model = Interleaved([8, 8, 3], seed=0)
     opt = zenflow(model, **OVERLAP)
-    monkeypatch.setattr(optimizer_module, "host_adamw_", broken)
+    opt.worker.before_job = fault("host_update", broken)
     start = time.monotonic()
     with pytest.raises(HostWorkerError, match="simulated"):
         train_steps(model, opt, 6, seed=0)
@@ -103,7 +124,7 @@ def test_close_and_with_block_stop_the_worker_and_restore_compute_cores():
         train_steps(model, opt, 5, seed=0)
     assert not worker_threads()
     assert os.sched_getaffinity(0) == cores and torch.get_num_threads() == threads
-    assert opt._pending is None  # the with block drained the last host update
+    assert opt.pending is None  # the with block drained the last host update
 
 
 def test_plain_script_without_main_guard_exits_cleanly_with_the_worker_running(tmp_path):

@@ -20,6 +20,12 @@ class AdamWHyper:
     eps: float
     weight_decay: float
 
+    @classmethod
+    def of(cls, group: dict) -> AdamWHyper:
+        """A torch param group's hyperparameters."""
+        beta1, beta2 = group["betas"]
+        return cls(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+
 
 def adamw_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
            exp_avg_sqs: list[torch.Tensor], steps: list[int], hp: AdamWHyper) -> None:

@@ -17,6 +17,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from zenflow.link import Link
+from zenflow.selection import as_columns
+from zenflow.state import offloads
+
+# The boundary decision at a step reads the accumulated mass of the step this many steps earlier, the newest one a
+# background worker is sure to have added under the backpressure bound (at most one accumulation queued behind the
+# running one). Sync mode uses the same lag, so both fire at the same steps.
+AUTO_LAG = 2
+
 
 @dataclass
 class MassReport:
@@ -74,3 +83,32 @@ def boundary_due(history: list[MassReport], since_boundary: int, lag: int, max_i
         seen = [s[key] for s in selected if key in s]
         caught_up += int(mass >= sum(seen) / len(seen))
     return caught_up >= auto_ratio * len(accumulated)
+
+
+def selected_mass(params: list[torch.Tensor], state: dict, link: Link, clip: torch.Tensor | None) -> MassReport:
+    """This step's RMS per element of the selected gradient columns of every mixed column param, computed on the
+    device and copied to the host without a wait (read AUTO_LAG steps later). `clip`: the step's clipping
+    coefficient on the device, or None."""
+    report, masses, position = MassReport(), [], 0
+    for key, p in enumerate(params):
+        st = state[p]
+        if not offloads(p, st):
+            continue  # no copy (and no accumulated mass) for this param this step
+        if st.sel.numel():
+            report.keys.append(key)
+            report.positions.append(position)
+            masses.append(rms(as_columns(p.grad).index_select(1, st.sel)))
+        position += 1
+    if masses:
+        values = torch.stack(masses)
+        if clip is not None:
+            values = values * clip  # the host part accumulates clipped gradients too
+        report.selected = link.host_empty((len(masses),), torch.float64)
+        report.selected.copy_(values, non_blocking=link.cuda)
+        report.selected_ready = link.compute_event()
+    return report
+
+
+def rms(t: torch.Tensor) -> torch.Tensor:
+    """RMS per element, summed in fp64 so that the thread count (sync vs overlap) cannot flip a near tie."""
+    return torch.linalg.vector_norm(t, dtype=torch.float64) / max(1, t.numel()) ** 0.5

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from zenflow.auto_interval import MassReport
-from zenflow.config import ConfigError
-from zenflow.host import HostColumns
+from zenflow.config import ConfigError, ZenFlowConfig
+from zenflow.distributed import Ranks, owner_of
+from zenflow.host import HostColumns, HostWorker
+from zenflow.link import StagingArena
 from zenflow.ownership import carve_staging
-
-if TYPE_CHECKING:
-    from zenflow.optimizer import ZenFlowAdamW
+from zenflow.state import Clock, ColumnState, ParamState, column_states
 
 # 2: the "auto" interval's history is per-step masses (auto_interval.py); 3: data parallelism (rank, world_size,
 # each weight's width: a rank holds only its block of the host columns); 4: host parts not built yet (host_master
@@ -34,31 +34,45 @@ DEVICE_TENSORS = ("sel", "unsel", "d_master", "d_exp_avg", "d_exp_avg_sq")
 DENSE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
 
 
-def pack(opt: ZenFlowAdamW) -> dict[str, Any]:
+class Checkpointed(Protocol):
+    """What a checkpoint saves and restores of the optimizer (ZenFlowAdamW's public objects)."""
+
+    param_groups: list[dict[str, Any]]
+    state: dict[torch.Tensor, ParamState]
+    config: ZenFlowConfig
+    clock: Clock
+    dp: Ranks
+    worker: HostWorker
+    arena: StagingArena
+    auto_history: list[MassReport]
+    pending: Future | None
+
+    def settle(self) -> None: ...
+
+
+def pack(opt: Checkpointed) -> dict[str, Any]:
     index = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
     state = {}
     for p, st in opt.state.items():
-        if "host" in st:
-            part = st["host"]
-            entry = {name: st[name] for name in DEVICE_TENSORS} | {"d_step": st["d_step"]}
+        if isinstance(st, ColumnState):
+            part = st.host
+            entry = {name: getattr(st, name) for name in DEVICE_TENSORS} | {"d_step": st.d_step}
             entry |= {f"host_{name}": getattr(part, name) for name in HOST_TENSORS}
             entry |= {"host_accumulators": list(part.accumulators), "host_counts": list(part.counts),
-                      "host_step": part.step, "host_staged": part.staged, "width": st["width"], "host_rows": part.rows}
+                      "host_step": part.step, "host_staged": part.staged, "width": st.width, "host_rows": part.rows}
         else:
-            entry = {name: st[name] for name in DENSE_TENSORS} | {"step": st["step"]}
+            entry = {name: getattr(st, name) for name in DENSE_TENSORS} | {"step": st.step}
         state[index[id(p)]] = entry
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[id(p)] for p in g["params"]]}
               for g in opt.param_groups]
+    clock = dataclasses.asdict(opt.clock)  # t, skipped_steps, host_updates, since_boundary, slot, select_next
     return {"format": FORMAT, "state": state, "param_groups": groups,
-            "zenflow": {"config": dataclasses.asdict(opt.config), "t": opt.t, "skipped_steps": opt.skipped_steps,
-                        "host_updates": opt.host_updates, "since_boundary": opt._since_boundary,
-                        "slot": opt._slot,
-                        "auto_history": [r.to_state(opt._wait_for) for r in opt._auto_history],
-                        "pending_upload": opt._pending is not None, "select_next": opt._select_next,
-                        "rank": opt.dp.rank if opt.dp else 0, "world_size": opt.dp.world if opt.dp else 1}}
+            "zenflow": {"config": dataclasses.asdict(opt.config), **clock,
+                        "auto_history": [r.to_state(opt.worker.result) for r in opt.auto_history],
+                        "pending_upload": opt.pending is not None, "rank": opt.dp.rank, "world_size": opt.dp.world}}
 
 
-def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
+def unpack(opt: Checkpointed, sd: dict[str, Any]) -> None:
     if sd.get("format") not in READABLE:
         raise ConfigError(f"state_dict format = {sd.get('format')!r} is not allowed: expected one of {READABLE} "
                           "(a ZenFlowAdamW state_dict)")
@@ -75,36 +89,35 @@ def unpack(opt: ZenFlowAdamW, sd: dict[str, Any]) -> None:
     entries = [(params[int(i)], entry) for i, entry in sd["state"].items()]
     for p, entry in entries:  # check everything before changing anything
         _check_entry(p, opt.state[p], entry)
-    opt._quiesce()  # nothing of the old run may still write host buffers
-    opt._pending = None
+    opt.worker.quiesce()  # nothing of the old run may still write host buffers
+    opt.pending = None
     for p, entry in entries:
-        _restore_entry(opt, p, opt.state[p], entry)
+        _restore_entry(p, opt.state[p], entry)
     for group, saved in zip(opt.param_groups, sd["param_groups"]):
         group.update({k: v for k, v in saved.items() if k != "params"})
     z = sd["zenflow"]
-    opt.t, opt.skipped_steps, opt.host_updates = z["t"], z["skipped_steps"], z["host_updates"]
-    opt._since_boundary, opt._slot = z["since_boundary"], z["slot"]
-    opt._select_next = z.get("select_next", False)
-    opt._auto_history = [MassReport.from_state(r) for r in z.get("auto_history", [])]
-    built = [st["host"] for _, st in opt._column_states() if st["host"].built]
-    carve_staging(opt._arena, built, opt._settle)  # the restored parts' staging: a drain may upload from it
+    opt.clock = Clock(t=z["t"], skipped_steps=z["skipped_steps"], host_updates=z["host_updates"],
+                      since_boundary=z["since_boundary"], slot=z["slot"], select_next=z.get("select_next", False))
+    opt.auto_history = [MassReport.from_state(r) for r in z.get("auto_history", [])]
+    built = [st.host for _, st in column_states(opt.param_groups, opt.state) if st.host.built]
+    carve_staging(opt.arena, built, opt.settle)  # the restored parts' staging: a drain may upload from it
     if z["pending_upload"]:
-        opt._start_worker()
+        opt.worker.start()
         done: Future = Future()
         done.set_result(None)
-        opt._pending = done  # the result is in the host state; the next boundary uploads it
+        opt.pending = done  # the result is in the host state; the next boundary uploads it
 
 
-def _check_entry(p: torch.Tensor, st: dict, entry: dict) -> None:
-    if ("host" in st) != ("host_master" in entry):
+def _check_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
+    if isinstance(st, ColumnState) != ("host_master" in entry):
         raise ConfigError(f"state_dict entry for a parameter of shape {tuple(p.shape)} is of the wrong kind "
                           "(column vs dense): the parameters are not the ones it was saved from")
-    if "host" not in st:
+    if not isinstance(st, ColumnState):
         for name in DENSE_TENSORS:
-            if st[name] is not None:
-                _check_shape(name, st[name], entry[name])
+            if getattr(st, name) is not None:
+                _check_shape(name, getattr(st, name), entry[name])
         return
-    width = st["width"]
+    width = st.width
     saved_width = entry["width"] if "width" in entry else entry["host_master"].shape[1] + entry["sel"].numel()  # /1
     rows = entry["host_rows"] if "host_rows" in entry else entry["host_master"].shape[0]  # /1-/3
     if (p.shape[0], width) != (rows, saved_width):
@@ -112,24 +125,25 @@ def _check_entry(p: torch.Tensor, st: dict, entry: dict) -> None:
                           f"does not match the parameter's {p.shape[0]}x{width}")
 
 
-def _check_ranks(opt: ZenFlowAdamW, z: dict[str, Any]) -> None:
+def _check_ranks(opt: Checkpointed, z: dict[str, Any]) -> None:
     """A rank's state holds its block of the host columns: it loads only into the same rank of the same world."""
     saved = (z.get("rank", 0), z.get("world_size", 1))
-    mine = (opt.dp.rank, opt.dp.world) if opt.dp else (0, 1)
+    mine = (opt.dp.rank, opt.dp.world)
     if saved != mine:
         raise ConfigError(f"state_dict of rank {saved[0]} of {saved[1]} cannot load into rank {mine[0]} of {mine[1]}: "
                           "resume with the same world size, each rank its own file; or convert it with "
                           "zenflow.checkpoint.consolidate (W ranks -> one process) and shard (one process -> W ranks)")
 
 
-def _restore_entry(opt: ZenFlowAdamW, p: torch.Tensor, st: dict, entry: dict) -> None:
-    if "host" not in st:
+def _restore_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
+    if not isinstance(st, ColumnState):
         for name in DENSE_TENSORS:
-            if st[name] is not None:
-                st[name] = entry[name].to(st[name].device, st[name].dtype, copy=True)
-        st["step"] = int(entry["step"])
+            mine = getattr(st, name)
+            if mine is not None:
+                setattr(st, name, entry[name].to(mine.device, mine.dtype, copy=True))
+        st.step = int(entry["step"])
         return
-    part = st["host"]
+    part = st.host
     cols = entry["host_cols"].to("cpu", copy=True)
     if entry["host_master"] is None:  # not built yet: built at its first offload, from the (restored) model
         restored = HostColumns.pending(p.shape[0], cols, p.dtype, len(part.counts), part.n_staging)
@@ -140,10 +154,10 @@ def _restore_entry(opt: ZenFlowAdamW, p: torch.Tensor, st: dict, entry: dict) ->
             acc.copy_(saved)
     restored.step, restored.staged = int(entry["host_step"]), entry["host_staged"]
     restored.counts = list(entry["host_counts"])
-    st["host"] = restored
+    st.host = restored
     for name in DEVICE_TENSORS:
-        st[name] = entry[name].to(p.device, copy=True)
-    st["d_step"] = int(entry["d_step"])
+        setattr(st, name, entry[name].to(p.device, copy=True))
+    st.d_step = int(entry["d_step"])
 
 
 def _check_shape(name: str, mine: torch.Tensor, saved: torch.Tensor) -> None:
@@ -180,8 +194,6 @@ def consolidate(state_dicts: list[dict[str, Any]]) -> dict[str, Any]:
 def shard(state_dict: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """One process's state dict -> the one rank `rank` of `world` loads (its block of every weight's host
     columns), so a run can continue on W ranks."""
-    from zenflow.distributed import owner_of
-
     if state_dict["zenflow"].get("world_size", 1) != 1:
         raise ConfigError("shard: expected a one-process state dict (consolidate the ranks' state dicts first)")
     out = {**state_dict, "state": {}, "zenflow": {**state_dict["zenflow"], "rank": rank, "world_size": world}}

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from zenflow.hooks import Observers
 from zenflow.selection import as_columns, column_scores
+from zenflow.state import ColumnState
 
 NET = "net"  # the direction of transfers between ranks, in the optimizer's byte counters
 
@@ -44,6 +45,55 @@ class DistributedError(RuntimeError):
     """A collective with the other ranks failed: a rank died, or did not answer within the group's timeout."""
 
 
+def data_parallel(process_group: object, observers: Observers) -> DataParallel | SingleProcess:
+    """`process_group=None`: the default group when one is initialized with more than one rank; a group: that group;
+    `False`: no data parallelism (each process trains alone). One process: a SingleProcess."""
+    if process_group is False or not dist.is_available() or not dist.is_initialized():
+        if process_group not in (None, False):
+            raise ValueError("process_group was given but torch.distributed is not initialized: call "
+                             "torch.distributed.init_process_group first (torchrun sets up its environment)")
+        return SingleProcess()
+    group = None if process_group is None else process_group
+    if dist.get_world_size(group) == 1:
+        return SingleProcess()
+    return DataParallel(group, observers)
+
+
+class SingleProcess:
+    """One process, no exchange (the stand-in for DataParallel): its host owns every column, the collectives are
+    no-ops, and the global norm is torch's."""
+
+    rank, world = 0, 1
+
+    def owned(self, cols: torch.Tensor, width: int) -> torch.Tensor:
+        return cols
+
+    def broadcast_from_first_(self, tensors: list[torch.Tensor]) -> None:
+        pass
+
+    def average_gradients_(self, params: list[torch.Tensor], state: dict) -> None:
+        pass
+
+    def share_blocks_(self, weights: list[torch.Tensor]) -> None:
+        pass
+
+    def total_norm(self, params: list[torch.Tensor], state: dict) -> torch.Tensor:
+        return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+
+    def column_scores(self, grad: torch.Tensor, norm: str) -> torch.Tensor:
+        return column_scores(grad, norm)
+
+    def share_entering_gradients_(self, grad: torch.Tensor, new_sel: torch.Tensor, old_sel: torch.Tensor) -> None:
+        pass
+
+    def columns_from_owners(self, source: torch.Tensor, cols: torch.Tensor, width: int,
+                            position: torch.Tensor) -> torch.Tensor:
+        return source.index_select(1, position[cols])
+
+    def whole_rms(self, numels: list[int], rms: list[float]) -> list[float]:
+        return rms
+
+
 class DataParallel:
     """This rank's side of the exchange: who owns which host columns, and the collectives of a step."""
 
@@ -55,20 +105,6 @@ class DataParallel:
         # where tensors must be for this group's collectives (nccl: the current GPU; gloo: the CPU)
         nccl = dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-
-    @classmethod
-    def resolve(cls, process_group: object, observers: Observers) -> DataParallel | None:
-        """`process_group=None`: the default group when one is initialized with more than one rank; a group: that
-        group; `False`: no data parallelism (each process trains alone)."""
-        if process_group is False or not dist.is_available() or not dist.is_initialized():
-            if process_group not in (None, False):
-                raise ValueError("process_group was given but torch.distributed is not initialized: call "
-                                 "torch.distributed.init_process_group first (torchrun sets up its environment)")
-            return None
-        group = None if process_group is None else process_group
-        if dist.get_world_size(group) == 1:
-            return None
-        return cls(group, observers)
 
     # ---- ownership --------------------------------------------------------------------------------------
     def owners(self, cols: torch.Tensor, width: int) -> torch.Tensor:
@@ -122,13 +158,13 @@ class DataParallel:
             if p.grad is None:
                 continue
             st = state[p]
-            if "host" not in st:
+            if not isinstance(st, ColumnState):
                 everywhere.append((p.grad, None))
                 continue
             grad = as_columns(p.grad)
             blocks.append(grad)
-            if st["sel"].numel():
-                everywhere.append((grad, st["sel"]))
+            if st.sel.numel():
+                everywhere.append((grad, st.sel))
         averaged = []  # gathered first: the block reduce below rewrites the owners' blocks, selected columns too
         for bucket in _buckets(everywhere):
             flat = _flatten(bucket)
@@ -146,7 +182,7 @@ class DataParallel:
         for p in params:
             if p.grad is None:
                 continue
-            if "host" not in state[p]:
+            if not isinstance(state[p], ColumnState):
                 if self.rank == 0:
                     square += torch.linalg.vector_norm(p.grad, dtype=torch.float32).double().square()
                 continue
@@ -166,11 +202,22 @@ class DataParallel:
         self.sum_(scores, "column_norms")
         return scores
 
-    def share_entering_gradients_(self, grad: torch.Tensor, entering: torch.Tensor) -> None:
-        """Columns that become selected: their averaged gradient, held by their owner, goes to every rank."""
-        block = self.from_owners(grad, entering, grad.shape[1])
-        self.sum_(block, "grad_average")
-        grad.index_copy_(1, entering, block)
+    def share_entering_gradients_(self, grad: torch.Tensor, new_sel: torch.Tensor, old_sel: torch.Tensor) -> None:
+        """Columns that become selected (in `new_sel`, not in `old_sel`): their averaged gradient, held by their owner,
+        goes to every rank."""
+        entering = new_sel[~torch.isin(new_sel, old_sel)]  # the same on every rank
+        if entering.numel():
+            block = self.from_owners(grad, entering, grad.shape[1])
+            self.sum_(block, "grad_average")
+            grad.index_copy_(1, entering, block)
+
+    def columns_from_owners(self, source: torch.Tensor, cols: torch.Tensor, width: int,
+                            position: torch.Tensor) -> torch.Tensor:
+        """Columns `cols` of a weight, each from the host of the rank that owns it (`source[:, position[col]]`
+        there), on every rank: one sum across ranks, on the group's device (nccl: the GPU)."""
+        block = self.from_owners(source, cols, width, position).to(self.device)
+        self.sum_(block, "moved_state")
+        return block
 
     def from_owners(self, source: torch.Tensor, cols: torch.Tensor, width: int,
                     position: torch.Tensor | None = None) -> torch.Tensor:
@@ -209,6 +256,7 @@ class DataParallel:
                 f"rank died or did not answer within the process group's timeout): {exc}") from exc
 
 
+Ranks = DataParallel | SingleProcess  # what the optimizer holds as `dp`
 BUCKET_ELEMENTS = 1 << 25  # per collective: few calls (gloo's latency is per call), bounded extra memory (64 MB bf16)
 
 

@@ -10,9 +10,11 @@ docs/host-worker.md has the measurement behind this choice, and the host memory 
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zenflow.adam import AdamWHyper, adamw_
+from zenflow.hooks import Observers
 from zenflow.link import Link, aligned
 
 
@@ -205,8 +208,8 @@ def host_adamw_(groups: list[tuple[list[HostColumns], AdamWHyper]], slot: int) -
             p.staged = True
 
 
-class HostWorker:
-    """One background thread running host jobs in submission order, pinned to its reserved cores."""
+class WorkerThread:
+    """One background thread running jobs in submission order, pinned to its reserved cores."""
 
     POLL_SECONDS = 0.05  # how often a waiting step checks that the worker is still alive
 
@@ -265,10 +268,120 @@ class HostWorker:
             self._jobs.put(None)
             self._thread.join()
 
-    def _die_for_testing(self) -> None:
-        """Stop the thread without finishing queued jobs, as a crash would."""
-        self._jobs.put(None)
-        self._thread.join()
+
+class HostWorker:
+    """The host side's executor (overlap_step): the worker thread on its own cores, the jobs in flight, the bound on
+    them (backpressure) and the waits for them, each booked as a `host_wait` stall of the training thread.
+
+    Cores: DeepSpeed's `pt_reserved_cores_perc` split (reserved_cores) is made when the thread starts (`start`, or
+    the first job); `close` stops the thread and gives the training thread its compute layout back. A later job
+    starts a new thread (a Trainer that trains again after train end).
+
+    `before_job` is a hook for tests and diagnostics: called on the worker thread with the job's kind
+    ("accumulate" or "host_update") before the job runs. What it raises fails that job (SystemExit ends the thread
+    with the job unfinished, as a crash would); a sleep makes the host part slow.
+    """
+
+    def __init__(self, compute_fraction: float, observers: Observers,
+                 before_job: Callable[[str], None] | None = None) -> None:
+        self.compute_fraction = compute_fraction
+        self.observers = observers
+        self.before_job = before_job
+        self.jobs: list[Future] = []  # every job not yet known to be finished, in submission order
+        self.accumulations: list[Future] = []  # accumulations maybe still running (backpressure)
+        self._thread: WorkerThread | None = None
+        self._saved_layout: tuple[set[int], int] | None = None  # the training thread's cores and threads
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.alive
+
+    @property
+    def dead(self) -> bool:
+        """Started and its thread ended without close(): it failed."""
+        return self._thread is not None and not self._thread.alive
+
+    def start(self) -> None:
+        """Start the thread (once): it gets its own cores and the training thread computes on the rest."""
+        if self._thread is not None:
+            return
+        split = reserved_cores(self.compute_fraction)
+        if split is not None:
+            worker_cores, compute_cores = split
+            self._saved_layout = (os.sched_getaffinity(0), torch.get_num_threads())
+            os.sched_setaffinity(0, compute_cores)
+            torch.set_num_threads(len(compute_cores))
+        self._thread = WorkerThread(split[0] if split else None)
+        weakref.finalize(self, self._thread.close)  # a dropped optimizer leaves no thread behind
+
+    def submit(self, kind: str, job: Callable[[], object]) -> Future:
+        """Queue `job` behind every earlier one (FIFO); kind: "accumulate" or "host_update"."""
+        self.start()
+        hook = self.before_job
+        future = self._thread.submit(job if hook is None else functools.partial(_hooked, hook, kind, job))
+        self.jobs.append(future)
+        if kind == "accumulate":
+            self.accumulations.append(future)
+        return future
+
+    def backpressure(self) -> None:
+        """At most one accumulation queued behind the running one: wait (a stall) for older ones. This bounds
+        the gradient sets background work holds (CPU device) and frees the staging buffer about to be reused."""
+        while len(self.accumulations) > 1:
+            oldest = self.accumulations.pop(0)
+            if not oldest.done():
+                with self.observers.blocking("host_wait"):
+                    self._thread.wait(oldest)  # sync point: the host part is slower than a step
+
+    def wait(self, future: Future) -> object:
+        """The job's result; a sync point, booked as a stall."""
+        with self.observers.blocking("host_wait"):
+            return self._thread.wait(future)
+
+    def result(self, future: Future) -> object:
+        """The job's result; waits (a booked stall) only if it is not done yet."""
+        return self._thread.wait(future) if future.done() else self.wait(future)
+
+    def quiesce(self) -> None:
+        """Wait until the worker has finished every job submitted so far (a sync point)."""
+        if self.jobs:
+            with self.observers.blocking("host_wait"):
+                for future in self.jobs:
+                    self._thread.wait(future)
+            self.jobs.clear()
+        self.accumulations.clear()
+
+    def check(self) -> None:
+        """Raise now if a job failed or the thread died with jobs in flight (never hang)."""
+        for future in [f for f in self.jobs if f.done()]:
+            self.jobs.remove(future)
+            if future.exception() is not None:
+                raise HostWorkerError(f"zenflow host worker job failed: {future.exception()!r}") \
+                    from future.exception()
+        if self.jobs and not self._thread.alive:
+            raise HostWorkerError("zenflow host worker died with host work in flight; restart from a checkpoint")
+
+    def close(self) -> None:
+        """Stop the thread (queued jobs finish first) and give the training thread its cores back."""
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
+            self.jobs.clear()
+            self.accumulations.clear()
+        if self._saved_layout is not None:
+            cores, threads = self._saved_layout
+            os.sched_setaffinity(0, cores)
+            torch.set_num_threads(threads)
+            self._saved_layout = None
+
+
+def _hooked(hook: Callable[[str], None], kind: str, job: Callable[[], object]) -> object:
+    hook(kind)  # on the worker thread
+    return job()
 
 
 def reserved_cores(compute_fraction: float) -> tuple[list[int], list[int]] | None:

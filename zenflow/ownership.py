@@ -15,98 +15,84 @@ import torch
 
 from zenflow.adam import AdamWHyper, rebase_moment_
 from zenflow.config import ZenFlowConfig
-from zenflow.distributed import DataParallel
+from zenflow.distributed import Ranks
 from zenflow.host import HostColumns
 from zenflow.link import Link, StagingArena
 from zenflow.selection import as_columns, complement, num_selected, select_columns
+from zenflow.state import ColumnState, offloads
 
 
-def offloads(p: torch.Tensor, st: dict) -> bool:
-    """Whether this step sends columns of `p`'s gradient to the host (any rank's: with data parallelism a rank
-    whose block holds none of them still counts the step, so every rank's host step count stays the same)."""
-    return p.grad is not None and "host" in st and st["sel"].numel() < as_columns(p).shape[1]
-
-
-def reselect(params: list[torch.Tensor], state: dict, config: ZenFlowConfig, link: Link, dp: DataParallel | None,
+def reselect(params: list[torch.Tensor], state: dict, config: ZenFlowConfig, link: Link, dp: Ranks,
              hypers: dict[int, AdamWHyper]) -> None:
     """Rank every column param that has a gradient and give its top-k columns to the device (`hypers`: each
     parameter's group's, by id)."""
     for p in params:
         st = state[p]
-        if "host" in st and p.grad is not None:
+        if isinstance(st, ColumnState) and p.grad is not None:
             grad = as_columns(p.grad)
             k = num_selected(grad.shape[1], config.topk_ratio)
-            ranked = dp and 0 < k < grad.shape[1]  # none or every column: no scores needed
+            ranked = 0 < k < grad.shape[1]  # none or every column: no scores needed
             scores = dp.column_scores(grad, config.column_norm) if ranked else None
             new_sel = select_columns(grad, k, config.column_norm, scores)
-            if dp:  # newly selected columns: their averaged gradient is on their owner only
-                entering = new_sel[~torch.isin(new_sel, st["sel"])]  # the same on every rank
-                if entering.numel():
-                    dp.share_entering_gradients_(grad, entering)
+            dp.share_entering_gradients_(grad, new_sel, st.sel)  # their averaged gradient is on their owner only
             move_columns(st, new_sel, as_columns(p), link, hypers[id(p)], dp)
 
 
-def move_columns(st: dict, new_sel: torch.Tensor, weight: torch.Tensor, link: Link, hp: AdamWHyper,
-                 dp: DataParallel | None = None) -> None:
+def move_columns(st: ColumnState, new_sel: torch.Tensor, weight: torch.Tensor, link: Link, hp: AdamWHyper,
+                 dp: Ranks) -> None:
     """Hand the columns that change owner (fp32 values and moments) to their new side; keep the rest.
 
     With data parallelism (`dp`) every rank holds the device side and its own block of the host side: a column
     leaving the device goes to the host of the rank that owns it; a column arriving on the device comes from its
     owner's host to every rank (assembled: one rank fills each column). `weight` is the parameter as `[out, in]`."""
-    part: HostColumns = st["host"]
-    device = st["sel"].device
-    width = st["width"]
-    old_sel, new_sel = st["sel"].cpu(), new_sel.cpu()  # device->host sync point (indices)
+    part = st.host
+    device = st.sel.device
+    width = st.width
+    old_sel, new_sel = st.sel.cpu(), new_sel.cpu()  # device->host sync point (indices)
     link.observers.transfer("d2h", "indices", new_sel.numel() * 8)
     if torch.equal(old_sel, new_sel):
         return  # nobody changes owner: nothing moves
     if old_sel.numel() == 0:
-        st["d_step"] = part.step  # first selection: the device continues the host's count
-    new_host_cols = complement(new_sel, width)
-    if dp:
-        new_host_cols = dp.owned(new_host_cols, width)  # this rank's block
+        st.d_step = part.step  # first selection: the device continues the host's count
+    new_host_cols = dp.owned(complement(new_sel, width), width)  # this host's: every one, or this rank's block
     if part.built:
         new_device = _move_built(st, part, old_sel, new_sel, new_host_cols, link, hp, dp)
     elif old_sel.numel() == 0:  # never built: the device's columns come from the weight, the host keeps none
         master = weight.index_select(1, new_sel.to(device)).float()  # a fresh tensor, exact for any model dtype
         new_device = dict(master=master, exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
-        st["host"] = HostColumns.pending(part.rows, new_host_cols, part.dtype, len(part.counts), part.n_staging)
+        st.host = HostColumns.pending(part.rows, new_host_cols, part.dtype, len(part.counts), part.n_staging)
     else:
         raise RuntimeError("zenflow: a host part was never built although columns are on the device")
-    st.update({f"d_{name}": t for name, t in new_device.items()})
-    st["sel"], st["unsel"] = new_sel.to(device), new_host_cols.to(device)
+    st.d_master, st.d_exp_avg, st.d_exp_avg_sq = new_device["master"], new_device["exp_avg"], new_device["exp_avg_sq"]
+    st.sel, st.unsel = new_sel.to(device), new_host_cols.to(device)
     link.observers.transfer("h2d", "indices", new_host_cols.numel() * 8)
 
 
-def _move_built(st: dict, part: HostColumns, old_sel: torch.Tensor, new_sel: torch.Tensor,
-                new_host_cols: torch.Tensor, link: Link, hp: AdamWHyper, dp: DataParallel | None) -> dict:
+def _move_built(st: ColumnState, part: HostColumns, old_sel: torch.Tensor, new_sel: torch.Tensor,
+                new_host_cols: torch.Tensor, link: Link, hp: AdamWHyper, dp: Ranks) -> dict:
     """Move between a built host part and the device; the new host part replaces the old one (its staging is carved
     at the next step), one parameter at a time. Returns the new device buffers."""
-    device, width = st["sel"].device, st["width"]
+    device, width = st.sel.device, st.width
     on_device = _positions(old_sel, width)  # column -> position in the device buffers, or -1
     on_host = _positions(part.cols, width)  # column -> position in this host's buffers, or -1
     leaving = old_sel[~torch.isin(old_sel, new_sel)]  # device -> host
-    leaving = dp.owned(leaving, width) if dp else leaving  # ... of this rank
+    leaving = dp.owned(leaving, width)  # ... of this rank
     entering = new_sel[on_device[new_sel] < 0]  # host -> device
     host_state = dict(master=part.master, exp_avg=part.exp_avg, exp_avg_sq=part.exp_avg_sq)
     new_host, new_device = {}, {}
     for name, host in host_state.items():
         kind = "master" if name == "master" else "moments"
-        on_device_buffer = st[f"d_{name}"]
+        on_device_buffer = getattr(st, f"d_{name}")
         moved_down = _fetch(link, on_device_buffer.index_select(1, on_device[leaving].to(device)), kind)
-        if dp:  # every rank needs the arriving columns; each is on one rank's host
-            moved_up = dp.from_owners(host, entering, width, on_host).to(dp.device)  # nccl: on the GPU
-            dp.sum_(moved_up, "moved_state")
-        else:
-            moved_up = host.index_select(1, on_host[entering])
+        moved_up = dp.columns_from_owners(host, entering, width, on_host)  # every rank needs them
         if name != "master":  # keep bias-corrected moments exact across the move
             beta = hp.beta1 if name == "exp_avg" else hp.beta2
-            rebase_moment_(moved_down, beta, st["d_step"], part.step)
-            rebase_moment_(moved_up, beta, part.step, st["d_step"])
+            rebase_moment_(moved_down, beta, st.d_step, part.step)
+            rebase_moment_(moved_up, beta, part.step, st.d_step)
         new_host[name] = _merge(new_host_cols, part.cols, host, leaving, moved_down, on_host)
         new_device[name] = _merge(new_sel.to(device), old_sel.to(device), on_device_buffer, entering.to(device),
                                   _send(link, moved_up, device, kind), on_device.to(device))
-    st["host"] = HostColumns.create(**new_host, cols=new_host_cols, dtype=part.dtype,
+    st.host = HostColumns.create(**new_host, cols=new_host_cols, dtype=part.dtype,
                                     n_accumulators=len(part.counts), n_staging=part.n_staging, step=part.step)
     return new_device
 
@@ -135,27 +121,27 @@ def carve_staging(arena: StagingArena, parts: list[HostColumns], settle: Callabl
             part.param_staging.copy_(part.master)
 
 
-def prepare_host_(arena: StagingArena, states: list[tuple[torch.Tensor, dict]], link: Link,
+def prepare_host_(arena: StagingArena, states: list[tuple[torch.Tensor, ColumnState]], link: Link,
                   settle: Callable[[], None]) -> None:
     """Before a step's offload: build the parts whose parameter offloads for the first time, after giving them
     (and parts new since the last step: a reselection's, a checkpoint's) their staging. `states`: every column
     param's (param, state), in parameter order."""
-    pending = [(p, st) for p, st in states if not st["host"].built and p.requires_grad and offloads(p, st)]
-    building = {id(st["host"]) for _, st in pending}
-    parts = [st["host"] for _, st in states if st["host"].built or id(st["host"]) in building]
+    pending = [(p, st) for p, st in states if not st.host.built and p.requires_grad and offloads(p, st)]
+    building = {id(st.host) for _, st in pending}
+    parts = [st.host for _, st in states if st.host.built or id(st.host) in building]
     if pending or any(part.param_staging is None for part in parts):
         carve_staging(arena, parts, settle)
     build_host_parts_(pending, link)
 
 
-def build_host_parts_(pending: list[tuple[torch.Tensor, dict]], link: Link) -> None:
+def build_host_parts_(pending: list[tuple[torch.Tensor, ColumnState]], link: Link) -> None:
     """Pending -> built, for the parts whose parameter offloads this step (their staging is carved): the weight's
     host-owned columns, never updated yet, cross once into the part's parameter staging (kind "master", model
     dtype), the fp32 master is made from there. One parameter at a time: at most one gathered block exists."""
     for p, st in pending:
-        part: HostColumns = st["host"]
+        part = st.host
         weight = as_columns(p)
-        block = weight if part.n_host == weight.shape[1] else weight.index_select(1, st["unsel"])
+        block = weight if part.n_host == weight.shape[1] else weight.index_select(1, st.unsel)
         link.wait(link.to_host(block, part.param_staging, "master"))  # sync point: once per parameter
         part.build_()
 

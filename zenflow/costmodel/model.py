@@ -82,7 +82,7 @@ class Prediction:
     compute_ms: float            # per step, means over the cycle
     io_ms: float                 # exposed transfers
     stall_ms: float              # device idle waiting for the host
-    bytes_per_step: float        # grads down + params up, column params (DESIGN §2)
+    bytes_per_step: float        # grads down + params up, column params (docs/design.md §2)
 
 
 def _ms(elements: float, gelem_s: float) -> float:
@@ -98,7 +98,7 @@ def selection_exchange_bytes(columns: float, column_params: float, grad_bytes: f
 
 
 def transfer_bytes(n: float, b: float, r: float, interval: int) -> float:
-    """DESIGN §2: ZeRO-Offload 2·N·b; ZenFlow (1-r)·N·b·(1 + 1/U)."""
+    """docs/design.md §2: ZeRO-Offload 2·N·b; ZenFlow (1-r)·N·b·(1 + 1/U)."""
     return (1 - r) * n * b * (1 + 1 / interval)
 
 

@@ -43,7 +43,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "qwen2.5-3b": dict(label="Qwen2.5-3B", vocab=151936, hidden=2048, inter=11008, layers=36, heads=16, kv=2,
                        tied=True, qkv_bias=True),
 }
-GPU_SEQ, GPU_MICRO_BATCH = 512, 8  # DESIGN §5 (seq 512); DeepSpeedExamples ZenFlow Llama-2 script: batch 8
+GPU_SEQ, GPU_MICRO_BATCH = 512, 8  # docs/design.md §5 (seq 512); DeepSpeedExamples ZenFlow Llama-2 script: batch 8
 GPU_WORLD = 4  # DeepSpeed's ZenFlow blog: Llama 2-7B on 4x A100 (ZeRO-2: each rank offloads N / 4)
 
 

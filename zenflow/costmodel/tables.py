@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import csv
 import statistics
 from pathlib import Path
 from typing import Any
 
-from tabulate import tabulate
-
 from zenflow.costmodel.presets import GPUS, host_rates_per_core
 from zenflow.costmodel.projection import PAPER
 from zenflow.costmodel.validate import QUIET, runs_source
-
-
-def _fmt(v: Any, spec: str = ".1f") -> str:
-    return "—" if v is None else format(v, spec)
+from zenflow.harness.tables import fmt, markdown, pyplot, write_csv
 
 
 def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any]) -> str:
-    body = [[r["seq"], _fmt(r["opt_to_compute_measured"], ".2f"), r["engine"] + (" †" if r["fitted_here"] else ""),
-             r["runs"], _fmt(r["measured_cycle_ms"]), _fmt(r["predicted_cycle_ms"]), f"{r['error_pct']:+.1f}%",
-             f"{_fmt(r['measured_accumulate_ms'])} / {_fmt(r['predicted_accumulate_ms'])}",
-             f"{_fmt(r['measured_update_ms'])} / {_fmt(r['predicted_update_ms'])}",
-             f"{_fmt(r['measured_stall_ms'])} / {_fmt(r['predicted_stall_ms'])}",
+    body = [[r["seq"], fmt(r["opt_to_compute_measured"], ".2f"), r["engine"] + (" †" if r["fitted_here"] else ""),
+             r["runs"], fmt(r["measured_cycle_ms"]), fmt(r["predicted_cycle_ms"]), f"{r['error_pct']:+.1f}%",
+             f"{fmt(r['measured_accumulate_ms'])} / {fmt(r['predicted_accumulate_ms'])}",
+             f"{fmt(r['measured_update_ms'])} / {fmt(r['predicted_update_ms'])}",
+             f"{fmt(r['measured_stall_ms'])} / {fmt(r['predicted_stall_ms'])}",
              f"{100 * r['neighbours_busy']:.0f}%"] for r in rows]
     heads = ["seq", "host opt / compute (ref-offload)", "engine", "runs", "measured cycle ms", "predicted cycle ms",
              "error", "accumulate ms meas / pred", "update ms meas / pred", "stall ms meas / pred",
@@ -37,7 +31,7 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
         f"Calibration: `calibration.json` (short training loops at seq {cal['calibration_seq_lens']}; "
         f"no end-to-end run is used for our engines). Runs: {runs_source(cal['hardware_id'])}. ZenFlow block: "
         "topk 0.1, update interval 4, overlap.", "",
-        tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), "",
+        markdown(body, heads), "",
         f"- Our engines, runs on a quiet machine (neighbour jobs < {100 * QUIET:.0f}% of the run): max |error| "
         f"{max(ours):.1f}%, median {statistics.median(ours):.1f}%; {sum(e <= 15 for e in ours)} of {len(ours)} "
         "points within 15%." if ours else "- Our engines: no run on a quiet machine.",
@@ -52,13 +46,13 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
            cal.get("neighbour_busy_fraction", 0) >= QUIET else "."),
         "- Why it misses where it misses: docs/cost-model.md (Validation)."])
     (out / "validation.md").write_text(text + "\n")
-    _csv(rows, out / "validation.csv")
+    write_csv(rows, out / "validation.csv")
     return text
 
 
 def write_projection(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any]) -> str:
-    body = [[r["gpu"].upper(), r["model"], f"{r['params_b']:.2f}", _fmt(r["fb_ms"], ".0f"),
-             _fmt(r["zero_offload_ms"], ".0f"), _fmt(r["zenflow_ms"], ".0f"), f"{r['speedup']:.2f}×",
+    body = [[r["gpu"].upper(), r["model"], f"{r['params_b']:.2f}", fmt(r["fb_ms"], ".0f"),
+             fmt(r["zero_offload_ms"], ".0f"), fmt(r["zenflow_ms"], ".0f"), f"{r['speedup']:.2f}×",
              f"−{100 * r['stall_reduction']:.0f}%", f"{r['speedup_micro_batch_1']:.2f}×", r["paper_speedup"],
              r["paper_stall"]] for r in rows]
     heads = ["GPU", "model", "column params per GPU (B; ZeRO-2 over 4 GPUs)", "fwd+bwd ms",
@@ -74,7 +68,7 @@ def write_projection(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
         "Every number in this table is a projection of docs/cost-model.md, with no parameter fitted to the paper. "
         "Workload per GPU: micro-batch 8 × sequence 512 (4096 tokens), bf16, ZenFlow topk 0.1, update interval 4, "
         "overlap; ZeRO-Offload synchronous (gradient copy overlapped with backward).", "",
-        tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), "", "Inputs and their sources:",
+        markdown(body, heads), "", "Inputs and their sources:",
         *inputs,
         f"- Host AdamW {adamw:.3f} and accumulation {accum:.3f} G elements/s per core: calibrated on "
         f"{cal['hardware_id']} (torch fused AdamW, one core); × cores, capped by host memory bandwidth at "
@@ -83,30 +77,14 @@ def write_projection(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
         "- Paper values: Figure 1 of arXiv 2505.12242 (Llama-2-7B; ranges as quoted in issue 6), repeated beside "
         "every model for comparison; nothing here is fitted to them."])
     (out / "projection.md").write_text(text + "\n")
-    _csv(rows, out / "projection.csv")
+    write_csv(rows, out / "projection.csv")
     return text
-
-
-def _csv(rows: list[dict[str, Any]], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def validation_figure(val: list[dict[str, Any]], out: Path, hw: str) -> None:
     import matplotlib.ticker  # noqa: F401 (matplotlib.ticker below)
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.2, 5.2))
     markers, colors = dict(zip(sorted({r["seq"] for r in val}), "os^vDP")), {}
     for r in val:
@@ -135,7 +113,7 @@ def validation_figure(val: list[dict[str, Any]], out: Path, hw: str) -> None:
 
 
 def projection_figure(proj: list[dict[str, Any]], out: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
     for ax, gpu in zip(axes, GPUS):
         rows = [r for r in proj if r["gpu"] == gpu]
@@ -170,16 +148,16 @@ def write_inverse(inv: dict[str, Any], out: Path) -> str:
          f"{inv['projection_tokens_per_gpu'] / inv['tokens_per_gpu']:.1f}× the compute per step, so its ρ is lower"],
         ["ρ (offload time / compute)", f"{inv['rho_blog']:.1f}", "blog: (7 s − 0.5 s) / 0.5 s",
          f"our projection: {inv['projection_rho']:.2f} (A100, Llama-2-7B, DGX share, 4096 tokens)"],
-        ["link GB/s (gradient copy exposed)", _fmt(inv["link_gbps"]), "example: accumulation step "
+        ["link GB/s (gradient copy exposed)", fmt(inv["link_gbps"]), "example: accumulation step "
          f"{inv['example_accumulate_ms']:.0f} ms − {inv['compute_ms']:.0f} ms compute, carrying (1 − topk)·N/4 bf16 "
          "gradients",
          f"{inv['preset_link_gbps']:.0f} GB/s measured pinned on PCIe 4.0 x16: plausible for a column gather"],
-        ["host AdamW per GPU, G el/s", _fmt(rate, ".2f"), "blog: ZeRO-Offload step 7 s (accumulation as calibrated)",
+        ["host AdamW per GPU, G el/s", fmt(rate, ".2f"), "blog: ZeRO-Offload step 7 s (accumulation as calibrated)",
          f"{rate / cap:.0%} of a DGX A100 share's bandwidth cap ({cap:.2f}); {rate / per_core:.2f} of one core of "
          f"{'DeepSpeed CPU Adam' if ds else 'torch fused AdamW'} as measured here ({per_core:.2f}/core) against "
          f"{inv['dgx_cores_per_gpu']} cores per GPU: plausible only for a host optimizer running far below the "
          "bandwidth cap"],
-        ["host AdamW per GPU, G el/s", _fmt(inv["host_adamw_gelem_s_per_gpu_example"], ".2f"),
+        ["host AdamW per GPU, G el/s", fmt(inv["host_adamw_gelem_s_per_gpu_example"], ".2f"),
          "example: 'a full update would take nearly 4 s'", "the two DeepSpeed texts disagree: 4 s of update vs "
          "6.5 s of offload overhead"],
     ]
@@ -200,12 +178,10 @@ def write_inverse(inv: dict[str, Any], out: Path) -> str:
     text = "\n".join([
         "# Inverse check: the inputs the published step times imply (PROJECTED from published numbers)", "",
         f"Sources: {_sources()}", "",
-        tabulate(rows, headers=["input", "solved", "from", "checked against"], tablefmt="github",
-                 disable_numparse=True), "",
+        markdown(rows, ["input", "solved", "from", "checked against"]), "",
         "Forward, with the solved inputs (Llama-2-7B, 4× A100, topk 0.1, overlap; nothing fitted to ZenFlow):", "",
-        tabulate(fwd, headers=["host accumulation", "ρ", "ZeRO-Offload ms", "ZenFlow ms (U 4)", "speedup U 4",
-                               "speedup U 8", "over ZeRO-Offload accumulating 4 steps"],
-                 tablefmt="github", disable_numparse=True), "",
+        markdown(fwd, ["host accumulation", "ρ", "ZeRO-Offload ms", "ZenFlow ms (U 4)", "speedup U 4",
+                       "speedup U 8", "over ZeRO-Offload accumulating 4 steps"]), "",
         f"- Published: paper Fig. 1 A100 {lo}–{hi}×; the example's ZenFlow cycle {inv['example_cycle_ms']:.0f} ms "
         f"(accumulation {inv['example_accumulate_ms']:.0f}, update {inv['example_update_ms']:.0f}).",
         f"- With accumulation as calibrated here (host fp32 accumulation costs {inv['accumulate_over_adamw_time']:.2f}"
@@ -251,16 +227,15 @@ def write_band(rows: list[dict[str, Any]], out: Path, deepspeed_per_core: float 
         f"each with torch's fused AdamW at the per-core rate calibrated here or {kernel}, host memory bandwidth "
         "capping every case (it binds from 2 cores on); and the host AdamW rate per GPU the blog's 7 s step implies "
         "(inverse.md). Central: the DGX share with torch's kernel (projection.md).", "",
-        tabulate(body, headers=["GPU", "model", "speedup, central", "speedup band", "band ends (low / high)",
-                                "ρ over the band", "over ZeRO-Offload accumulating U steps, central", "… band"],
-                 tablefmt="github", disable_numparse=True), "",
+        markdown(body, ["GPU", "model", "speedup, central", "speedup band", "band ends (low / high)",
+                        "ρ over the band", "over ZeRO-Offload accumulating U steps, central", "… band"]), "",
         "- Same update frequency: ZeRO-Offload with gradient accumulation = U copies every gradient down and sums it "
         "on the host each step, and runs host AdamW once per U steps, the update frequency ZenFlow's host part has. "
         "What ZenFlow adds over that control is hiding the remaining host work behind compute and the device's "
         "top-k updates.",
         "- The paper's regime is elsewhere on the ρ axis: inverse.md and sensitivity.png."])
     (out / "projection-band.md").write_text(text + "\n")
-    _csv(rows, out / "projection-band.csv")
+    write_csv(rows, out / "projection-band.csv")
     return text
 
 
@@ -271,7 +246,7 @@ def sensitivity_figure(curves: dict[int, list[tuple[float, float]]], free: list[
     paper's, the blog's and Intel's points placed on it, our cpu-scale runs at their measured ρ."""
     from zenflow.costmodel.sensitivity import ideal_speedup
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 7.4))
     for i, (u, pts) in enumerate(sorted(curves.items())):
         c = f"C{i}"

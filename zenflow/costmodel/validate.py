@@ -15,6 +15,7 @@ from zenflow.costmodel.model import Block, Inputs, Prediction, predict
 from zenflow.costmodel.presets import cpu_scale_inputs
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK
 from zenflow.harness.records import read_records
+from zenflow.harness.registry import is_deepspeed
 
 ROOT = Path(__file__).resolve().parents[2]
 # The ZenFlow block of every run and projection (DeepSpeedExamples' settings), in the cost model's terms.
@@ -23,7 +24,7 @@ BLOCK = Block(DEEPSPEED_EXAMPLES_BLOCK["topk_ratio"], DEEPSPEED_EXAMPLES_BLOCK["
 SEQ16 = "results/llama7b/{hw}"  # the committed seq-16 scenario is the middle validation point
 EXTRA_SEQS = (4, 64, 256)  # with seq 16: host optimizer / compute of ref-offload from ~1.2 down to ~0.6 on this CPU
 QUIET = 0.2  # a run is "quiet" when other heavy jobs ran during less than this fraction of it
-# Harness engine -> the cost model's engine that describes it.
+# Harness engine (its registry name) -> the cost model's engine that describes it.
 MODELLED_AS = {"no-offload": "no-offload", "ref-offload": "zero-offload", "ref-zenflow": "zenflow-overlap",
                "ref-offload-gas": "zero-offload-gas"}  # the same-frequency control (issue 15): where it was run
 VALIDATED = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "ref-offload-gas", "no-offload")
@@ -115,7 +116,7 @@ def validation(cal: dict[str, Any], hw: str, root: Path = ROOT) -> list[dict[str
                          "measured_accumulate_ms": m["accumulate_step_ms"], "predicted_accumulate_ms": p.accumulate_ms,
                          "measured_update_ms": m["update_step_ms"], "predicted_update_ms": p.update_ms,
                          "measured_stall_ms": m["stall_ms"], "predicted_stall_ms": p.stall_ms,
-                         "fitted_here": engine.startswith("ds-") and seq == 16, "neighbours_busy": m["neighbours"]})
+                         "fitted_here": is_deepspeed(engine) and seq == 16, "neighbours_busy": m["neighbours"]})
     return rows
 
 

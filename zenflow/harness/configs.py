@@ -1,4 +1,5 @@
-"""The experiment's constants, in one place: engine names, the ZenFlow block of every run, model shapes.
+"""The experiment's constants, in one place: engine names (from registry.py), the ZenFlow block of every run, model
+shapes.
 
 Configs are code and named after what they are tuned for (torchtitan's habit): change the block here and every
 reproduction, benchmark and check runs with it.
@@ -6,30 +7,23 @@ reproduction, benchmark and check runs with it.
 
 from __future__ import annotations
 
-# The engines of DESIGN §3 (GLUE and gpu-check run these), and the same-update-frequency controls (issue 14):
+from zenflow.harness.registry import (  # noqa: F401  (the engines' own constants, re-exported: one place to import)
+    DEVICE_FP32_BLOCK,
+    OFFLOAD_BLOCK,
+    TWIN_FLOW_RATIO,
+    TWIN_FLOW_SUB_GROUPS,
+    engine_names,
+)
+
+# The engines, one row each in registry.py, in table order. ENGINES: all of them; CORE_ENGINES: the engines of
+# docs/design.md §3 (GLUE and gpu-check run these); CONTROL_ENGINES: the same-update-frequency controls (issue 14),
 # ZeRO-Offload with gradient accumulation = the ZenFlow update interval, so its host optimizer runs as often as
-# ZenFlow's. ENGINES: all of them, in table order.
-# The peers a user would pick instead (issue 14): DeepSpeed's ZeRO-Infinity (ZeRO-3, parameters and optimizer on the
-# host) and Twin-Flow (ZeRO-3, a share of the optimizer on the host), PyTorch's FSDP2 with CPUOffloadPolicy and
-# torchao's CPUOffloadOptimizer (CUDA only: "not run here" on a CPU machine).
-CORE_ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
-CONTROL_ENGINES = ("ds-zero-offload-gas", "ref-offload-gas")
-PEER_ENGINES = ("ds-zero-infinity", "ds-twin-flow", "fsdp2-offload", "torchao-offload")
-ENGINES = ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ds-zero-infinity", "ds-twin-flow", "ref-offload",
-           "ref-offload-gas", "ref-zenflow", "fsdp2-offload", "torchao-offload", "no-offload", "no-offload-fp32")
-
-# Twin-Flow: the share of the optimizer's sub-groups DeepSpeed keeps on the host (offload_optimizer.ratio), and how
-# many sub-groups the model is cut into for it (DeepSpeed splits by whole sub-groups; its default sub_group_size of
-# 1e9 elements makes one group of any model under 1B parameters, and then the ratio has nothing to split).
-TWIN_FLOW_RATIO = 0.5
-TWIN_FLOW_SUB_GROUPS = 16
-
-# ZeRO-Offload expressed as a ZenFlow block: nothing selected, every step a synchronous host update.
-OFFLOAD_BLOCK = {"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, "overlap_step": False}
-# no-offload-fp32, the comparable no-offload baseline: every column selected, so AdamW runs on the device every step
-# from an fp32 master and fp32 moments (torch.optim.AdamW's numbers on an fp32 copy: DESIGN's topk_ratio=1 oracle),
-# where no-offload is torch AdamW on the bf16 parameters themselves (small updates round away in bf16).
-DEVICE_FP32_BLOCK = {"topk_ratio": 1.0, "update_interval": 1, "select_interval": 10**9, "overlap_step": False}
+# ZenFlow's; PEER_ENGINES: the peers a user would pick instead (issue 14), DeepSpeed's ZeRO-Infinity and Twin-Flow,
+# PyTorch's FSDP2 with CPUOffloadPolicy and torchao's CPUOffloadOptimizer (CUDA only: "not run here" on a CPU).
+ENGINES = engine_names()
+CORE_ENGINES = engine_names("core")
+CONTROL_ENGINES = engine_names("control")
+PEER_ENGINES = engine_names("peer")
 
 # DeepSpeedExamples' ZenFlow fine-tuning settings (the Llama-2-7B scenario, reproduce/llama7b.py, the benchmarks,
 # gpu-check). GLUE reselects twice as often (its epochs are short): GLUE_BLOCK.

@@ -25,6 +25,7 @@ import torch
 from zenflow import ZenFlowAdamW
 from zenflow.harness.checks import blind_spots, check, control
 from zenflow.link import Link
+from zenflow.state import column_states
 
 # fp32 on both sides; they differ only in summation order (cuBLAS vs the CPU BLAS, reductions), a few ulp (~1e-7
 # relative) per op. TF32 is switched off for the run. Adam divides by sqrt(v) + eps: with the default eps 1e-8 a
@@ -102,8 +103,7 @@ class Trained:
 
 def _host_columns(opt: ZenFlowAdamW) -> list[torch.Tensor]:
     """Each column param's host-owned column list (a CPU tensor, replaced when columns change owner)."""
-    return [opt.state[p]["host"].cols for g in opt.param_groups for p in g["params"]
-            if "host" in opt.state.get(p, {})]
+    return [st.host.cols for _, st in column_states(opt.param_groups, opt.state)]
 
 
 def _moved(before: list[torch.Tensor], after: list[torch.Tensor]) -> int:

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from zenflow.harness.checks import check, guarded, pending, verdict  # noqa: F401  (verdict, guarded: re-exported)
-from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, SHAPES
+from zenflow.harness.configs import CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK, SHAPES
 from zenflow.harness.differential import (  # noqa: F401  (re-exported: tests/test_cuda_differential.py reads them here)
     ATOL,
     CASES,
@@ -37,6 +35,8 @@ from zenflow.harness.differential import (  # noqa: F401  (re-exported: tests/te
     train_case,
 )
 from zenflow.harness.memory_check import memory_check, memory_verdict, unselected_bound_bytes  # noqa: F401
+from zenflow.harness.registry import is_deepspeed
+from zenflow.harness.tables import write_text_atomic
 
 SCHEMA = "gpu-check/2"
 CHECK_NAMES = ("environment", "differential", "memory", "pcie", "engines")
@@ -93,18 +93,16 @@ def engine_plan(cuda: bool, smoke: bool, llama7b: bool = False) -> list[tuple[st
     """(engine, workload, steps) per run: a small Llama (the cpu-scale shape, bf16, seq 512) on a GPU; with
     `llama7b` instead 8 layers of Llama-2-7B's shapes (random weights; GPU only: nothing on the CPU); the tiny shape
     with a few steps on the CPU and in --smoke."""
-    from zenflow.harness.configs import CORE_ENGINES as ENGINES
-
     tiny = {"model": "cpu-scale", "dtype": "fp32", "seq_len": 16, "hidden": 64, "layers": 2, "intermediate": 128,
             "heads": 4, "data": "synthetic"}
     small = {"model": "cpu-scale", "dtype": "bf16", "seq_len": 512, "micro_batch": 1, "data": "synthetic"}
     if llama7b:
-        return [(e, {**small, **LLAMA7B_SHAPE}, dict(LLAMA7B_STEPS)) for e in ENGINES] if cuda else []
+        return [(e, {**small, **LLAMA7B_SHAPE}, dict(LLAMA7B_STEPS)) for e in CORE_ENGINES] if cuda else []
     if smoke:
         return [(e, tiny, {"warmup_steps": 2, "timed_steps": 4}) for e in ("ref-offload", "ref-zenflow")]
     if not cuda:
-        return [(e, tiny, {"warmup_steps": 2, "timed_steps": 4}) for e in ENGINES]
-    return [(e, small, {"warmup_steps": 8, "timed_steps": 16}) for e in ENGINES]
+        return [(e, tiny, {"warmup_steps": 2, "timed_steps": 4}) for e in CORE_ENGINES]
+    return [(e, small, {"warmup_steps": 8, "timed_steps": 16}) for e in CORE_ENGINES]
 
 
 def run_engines(plan: list, out: Path, cuda: bool, timeout_s: float = 300,
@@ -125,7 +123,7 @@ def run_engines(plan: list, out: Path, cuda: bool, timeout_s: float = 300,
     for engine, workload, steps in plan:
         shape = f"h{workload.get('hidden', 512)}x{workload.get('layers', 8)}"
         row = {"engine": engine, "shape": shape, "status": "not installed", "record": None}
-        if lacking or (engine.startswith("ds-") and not have_ds):
+        if lacking or (is_deepspeed(engine) and not have_ds):
             rows.append(row | {"error": [f"not installed: {lacking or ['deepspeed']}"]})
         else:
             cfg = deepspeed_config(engine, ENGINE_BLOCK, workload["dtype"], 1, lr=2e-5, weight_decay=0.01,
@@ -164,20 +162,8 @@ def save_record(record: dict[str, Any], out: Path) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Atomic: a reader (or a command killed mid-write) sees the old file or the whole new one: a temporary file in
-    the same folder, flushed to disk, renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would keep the record from its readers
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Atomic (tables.write_text_atomic): a command killed mid-write leaves the old file or the whole new one."""
+    write_text_atomic(path, text)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ host step). From them, per step and per parameter:
 ZenFlow's step cannot be shorter than its host work, so the measured ZeRO-Offload step divided by that bound is the
 largest speedup this host allows: the ceiling printed next to the measured speedup (report.py).
 
-    python -m zenflow.harness.host_ceiling --out build/llama7b/llama2-7b-8L/host-rates.json
+    python -m zenflow.harness.host_ceiling --out build/llama7b/llama2-7b-8L     # -> <out>/host/rates.json
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from zenflow.costmodel.host_adam import measure as measure_adamw
 from zenflow.host import add_upcast_, reserved_cores
 
 SCHEMA = "host-rates/1"
-FILE = "host-rates.json"
+FILE = "host/rates.json"  # a sub-folder: the run records are the result set's top-level *.json
 
 
 def accumulate_rate(numel: int, threads: int, steps: int = 9) -> float:
@@ -98,12 +98,12 @@ def load(folder: Path) -> dict[str, Any] | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m zenflow.harness.host_ceiling", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help=f"where to write the record (a folder gets {FILE})")
+    ap.add_argument("--out", type=Path, required=True, help=f"the result set's folder (the record goes to {FILE})")
     ap.add_argument("--numel", type=int, default=32 * 2**20, help="elements per measured buffer (default 32M)")
     args = ap.parse_args(argv)
     if args.numel < 4096:
         ap.error(f"argument --numel: {args.numel} is not allowed: expected an integer >= 4096")
-    out = args.out / FILE if args.out.is_dir() or not args.out.suffix else args.out
+    out = args.out / FILE
     record = measure(args.numel)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")

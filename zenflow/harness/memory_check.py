@@ -26,6 +26,7 @@ import torch
 from zenflow import ZenFlowAdamW
 from zenflow.harness.checks import blind_spots, check, control
 from zenflow.harness.differential import DIFF_HYPER, SmallNet, make_batches
+from zenflow.host import HostWorker
 from zenflow.link import Link
 from zenflow.selection import num_selected
 
@@ -67,8 +68,8 @@ def slow_d2h(link: Link, cycles: int) -> Iterator[None]:
 
 
 def without_backpressure() -> contextlib.AbstractContextManager:
-    """The negative control: ZenFlowAdamW._backpressure does nothing while the context is open."""
-    return mock.patch.object(ZenFlowAdamW, "_backpressure", lambda self: None)
+    """The negative control: HostWorker.backpressure does nothing while the context is open."""
+    return mock.patch.object(HostWorker, "backpressure", lambda self: None)
 
 
 def _step(model: torch.nn.Module, opt: ZenFlowAdamW, x: torch.Tensor, y: torch.Tensor) -> None:

@@ -1,6 +1,7 @@
 """The memory plan: what each engine needs of the device and the host for a workload, checked before any run.
 
-Every figure comes from the model's shape (no model is built) and the formula of what each engine allocates:
+Every figure comes from the model's shape (no model is built) and the formula of what each engine allocates (its
+registry row's memory function, registry.py):
 
 - ours (ref-offload, ref-offload-gas, ref-zenflow): `zenflow.host.host_bytes`, the same function the optimizer's
   `host_state_bytes` is tested against (fp32 master, moments and accumulators of the host-owned columns only, the
@@ -19,7 +20,6 @@ figures from stated rates (ROUGH_RATES), labelled as such; the run records hold 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -27,8 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.configs import OFFLOAD_BLOCK, TWIN_FLOW_RATIO
-from zenflow.selection import num_selected
+from zenflow.harness.registry import (  # noqa: F401  (our_host_bytes, pow2: re-exported, the tests read them here)
+    MemoryInputs,
+    engine_spec,
+    is_deepspeed,
+    our_host_bytes,
+    pow2,
+)
 
 GiB = 2**30
 CUDA_CONTEXT = GiB  # host memory of a CUDA context and its libraries (planning a GPU host from a CPU one)
@@ -155,11 +160,6 @@ class Host:
         return cls(int(host_gib * GiB), device, f"simulated host: {host_gib:g} GiB")
 
 
-def pow2(n: int) -> int:
-    """torch's CachingHostAllocator rounds every pinned allocation up to a power of two."""
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
-
-
 def plan(engines: list[str], shape: ModelShape, dtype_bytes: int, cuda: bool, block: dict[str, Any],
          seq_len: int, micro_batch: int, base: int) -> list[Need]:
     """One Need per engine for one rank: device, pinned and pageable bytes (pinned is 0 where the device is the
@@ -169,95 +169,38 @@ def plan(engines: list[str], shape: ModelShape, dtype_bytes: int, cuda: bool, bl
 
 def estimate(engine: str, shape: ModelShape, b: int, cuda: bool, block: dict[str, Any], seq_len: int,
              micro_batch: int, base: int) -> Need:
-    P, Pall, mats = shape.params, shape.all_params, shape.matrices()
-    acts = activation_bytes(shape, seq_len, micro_batch, b)
-    model = b * Pall  # the model's parameters in the training dtype
-    grads = b * P
+    """One engine's Need: its registry row's footprint (pinned is 0 where the device is the CPU: nothing is pinned
+    there, and the "device" tensors are host memory, counted as pageable), the process base and the build peak."""
+    spec = engine_spec(engine)
     topk = block.get("topk_ratio", 0.1)
     U = block.get("update_interval", 4) if isinstance(block.get("update_interval", 4), int) else 4
-    pin = pow2 if cuda else (lambda n: n)  # rounding only where torch pins
-    fp32_each = sum(pin(4 * n) for n in mats)  # a pinned fp32 copy per parameter (FSDP2, torchao, -gas)
-    ours = engine in ("ref-offload", "ref-offload-gas", "ref-zenflow")
-    zen = engine in ("ref-zenflow", "ds-zenflow")
-    cfg = {**block} if zen else dict(OFFLOAD_BLOCK)
-    host_share = 1 - topk if zen else 1.0  # the unselected columns' share of each weight
-    device, pinned, pageable, note = model + grads + acts, 0, 0, ""
-    if ours:
-        overlap = bool(cfg.get("overlap_step", False))
-        pinned, pageable = our_host_bytes(shape, topk if zen else 0.0, b, overlap, cuda,
-                                          int(cfg.get("full_warm_up_rounds", 0)))
-        device += 12 * (P - shape.column_params) + 12 * (1 - host_share) * shape.column_params  # fp32 state
-        if zen and overlap:
-            device += 3 * b * host_share * shape.column_params  # gathered sets in flight and the landing set
-    elif engine in ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow"):
-        pinned = pin(4 * P) + pin(b * P) + pin(4 * P)  # fp32 partition, training-dtype buffer, fp32 gradients
-        pageable = 8 * P  # CPU Adam's moments
-        if engine == "ds-zero-offload-gas":
-            pinned += fp32_each  # a CPU gradient accumulator per parameter
-        if engine == "ds-zenflow":
-            pageable += 16 * P + base  # shared fp32 partition, stale copy, 2 gradient buffers; its worker process
-            note = "DeepSpeed's ZenFlow worker is a second process"
-    elif engine == "ds-zero-infinity":
-        pinned = pin(4 * P) + pin(4 * P) + pin(b * P)  # fp32 parameters and gradients, the training-dtype params
-        pageable = 8 * P
-        device = b * max(mats) * 4 + grads // 8 + acts  # gathered layers only (medium-low confidence)
-        note = "ZeRO-3 estimate: medium-low confidence"
-    elif engine == "ds-twin-flow":
-        host = TWIN_FLOW_RATIO
-        pinned = pin(int(host * 8 * P))
-        pageable = int(host * 8 * P)
-        device += int((1 - host) * 12 * P)  # fp32 master and moments of the device sub-groups
-        note = "ZeRO-3 estimate: medium-low confidence"
-    elif engine == "fsdp2-offload":
-        pinned, pageable = 2 * fp32_each, 8 * P  # fp32 parameters and gradients per tensor; AdamW's moments
-        device = 4 * max(mats) * 4 + acts
-    elif engine == "torchao-offload":
-        pinned, pageable = 2 * fp32_each, 8 * P
-        device = 4 * Pall + 4 * P + acts + b * P  # fp32 params and grads, autocast copies
-    elif engine == "no-offload":
-        device += 2 * b * P  # torch AdamW's moments in the training dtype (no fp32 master)
-    elif engine == "no-offload-fp32":
-        device += 12 * P  # fp32 master and moments
+    acts = activation_bytes(shape, seq_len, micro_batch, b)
+    held = spec.memory(spec, MemoryInputs(shape, b, cuda, spec.own_block(block) or {}, acts, base))
+    device, pinned, pageable = held.device, held.pinned, held.pageable
     if not cuda:  # the device is the CPU: its tensors are host memory, nothing is pinned
         pageable, pinned, device = pageable + pinned + device, 0, 0
-    build = 4 * Pall  # the fp32 random init on the host, before the cast (and the move to the device)
+    build = 4 * shape.all_params  # the fp32 random init on the host, before the cast (and the move to the device)
     pageable = base + max(pageable, build)
     rates = ROUGH_RATES if cuda else CPU_DEVICE_RATES
     return Need(engine, int(device), int(pinned), int(pageable), step_seconds(engine, shape, b, U, topk, seq_len *
                                                                                 micro_batch, rates),
-                15.0 + Pall * rates["init_ns_per_param"] * 1e-9, note)
-
-
-def our_host_bytes(shape: ModelShape, topk: float, b: int, overlap: bool, cuda: bool,
-                   warm_up: int) -> tuple[int, int]:
-    """ZenFlowAdamW's host buffers (pinned, pageable) at their peak, from the optimizer's own formula
-    (`zenflow.host.host_bytes`, what `host_state_bytes` equals): fp32 master, moments and accumulators of the
-    host-owned columns (k = ceil(topk·in) selected; every column while warm-up steps run), and the staging arena
-    (pinned on CUDA, exact: docs/host-worker.md). With warm-up the arena keeps its full-width size."""
-    from zenflow.host import host_bytes
-
-    full = shape.matrices()
-    host = [numel // width * (width - num_selected(width, topk)) for numel, width in zip(full, shape.widths())]
-    held = host_bytes(full if warm_up > 0 else host, b, overlap_step=overlap, cuda=cuda,
-                      arena_elements=full if warm_up > 0 else host)
-    arena = host_bytes([0] * len(full), b, overlap_step=overlap, cuda=cuda,
-                       arena_elements=full if warm_up > 0 else host)
-    return (arena, held - arena) if cuda else (0, held)
+                15.0 + shape.all_params * rates["init_ns_per_param"] * 1e-9, held.note)
 
 
 def step_seconds(engine: str, shape: ModelShape, b: int, U: int, topk: float, tokens: int,
                  rates: dict[str, float]) -> float:
     """Rough: compute 6·P·tokens at the stated rate, plus host optimizer traffic and link bytes (serial), except
     ZenFlow's host work, which overlaps compute. Planning only."""
+    spec = engine_spec(engine)
     P = shape.params
     compute = 6 * shape.all_params * tokens / (rates["gpu_tflops"] * 1e12)
-    host_per_param = {"no-offload": 0.0, "no-offload-fp32": 0.0, "ds-twin-flow": 40.0 * TWIN_FLOW_RATIO,
-                      "ds-zero-offload-gas": 40.0 / U, "ref-offload-gas": 40.0 / U}.get(engine, 40.0)
-    link = 0.0 if engine.startswith("no-offload") else 2 * b * P / (1 if not engine.endswith("-gas") else U)
-    if engine in ("ref-zenflow", "ds-zenflow"):
+    if spec.cycle_rule == "interval":  # ZenFlow: the unselected columns, every U steps, beside compute
         host = (1 - topk) * P * (10 + 34 / U) / (rates["host_gbps"] * 1e9)
         link = (1 - topk) * b * P * (1 + 1 / U) / (rates["link_gbps"] * 1e9)
         return max(compute + link, host)
+    every = U if spec.cycle_rule == "accumulation" else 1  # -gas: one host update every U steps
+    host_per_param = 40.0 * spec.host_share / every
+    link = 0.0 if spec.host_share == 0 else 2 * b * P / every
     return compute + host_per_param * P / (rates["host_gbps"] * 1e9) + link / (rates["link_gbps"] * 1e9)
 
 
@@ -285,10 +228,10 @@ def process_base_bytes(engines: list[str], cuda: bool) -> int:
     CUDA where the runs will), the part of every run's host memory that does not depend on the model."""
     imports = ("import torch, transformers, zenflow.harness.session, zenflow.harness.engines\n"
                "from transformers import LlamaForCausalLM")
-    if any(e.startswith("ds-") for e in engines):
+    if any(is_deepspeed(e) for e in engines):
         imports += "\ntry:\n    import deepspeed\nexcept Exception:\n    pass"
-    code = (f"{imports}\nimport resource\n" + ("torch.zeros(1, device='cuda')\n" if cuda else "")
-            + "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    code = (f"{imports}\nfrom zenflow.harness.session import peak_rss_bytes\n"
+            + ("torch.zeros(1, device='cuda')\n" if cuda else "") + "print(peak_rss_bytes())")
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cuda" if cuda else "cpu")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     lines = out.stdout.strip().splitlines()

@@ -9,8 +9,8 @@
 Both keep fp32 master weights as DeepSpeed does (the model is cast to fp32 and trains in the workload's dtype:
 FSDP2's MixedPrecisionPolicy, autocast for torchao), so the four offload systems update the same numbers. Neither
 can be split into copies and host work from outside, so, like DeepSpeed's, their step is booked as stall including
-I/O. `unavailable()` says why an engine cannot run in this environment; the run is then a "skipped" record that
-the table lists as "not run here" with that reason.
+I/O. Each class's `unavailable()` says why it cannot run in this environment (registry.unavailable asks it); the run
+is then a "skipped" record that the table lists as "not run here" with that reason.
 """
 
 from __future__ import annotations
@@ -21,28 +21,9 @@ from typing import Any
 
 import torch
 
-from zenflow.harness.engines import Engine, _join_ranks, _model_inputs, fingerprints
+from zenflow.harness.engine_classes import Engine, fingerprints, join_ranks, model_inputs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def unavailable(engine: str, device: str) -> str | None:
-    """Why `engine` cannot run here on `device` ("cpu", "cuda", "auto"), or None. Checked in the parent, before the
-    run's process starts, from what is installed and what the device is."""
-    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if engine.startswith("ds-") and importlib.util.find_spec("deepspeed") is None:
-        return f"deepspeed not installed: {engine} needs it"
-    if engine == "torchao-offload":
-        if not cuda:
-            return "torchao's CPUOffloadOptimizer runs on CUDA (or XPU) parameters only; this run's device is the CPU"
-        if importlib.util.find_spec("torchao") is None:  # the [peers] extra; `make` adds it where nvidia-smi is
-            return "torchao not installed: torchao-offload needs it (pip install -e '.[peers]')"
-    if engine == "fsdp2-offload":
-        try:
-            from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard  # noqa: F401  (torch >= 2.6)
-        except ImportError as exc:
-            return f"torch {torch.__version__} has no FSDP2 CPUOffloadPolicy ({exc})"
-    return None
 
 
 def _adamw(ds_config: dict[str, Any]) -> dict[str, Any]:
@@ -72,12 +53,20 @@ class HostAdamWEngine(Engine):
 class FSDP2Engine(HostAdamWEngine):
     """fsdp2-offload: torch's own ZeRO-3 with the parameters, gradients and AdamW on the host."""
 
+    @classmethod
+    def unavailable(cls, name: str, cuda: bool) -> str | None:
+        try:
+            from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard  # noqa: F401  (torch >= 2.6)
+        except ImportError as exc:
+            return f"torch {torch.__version__} has no FSDP2 CPUOffloadPolicy ({exc})"
+        return None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-        self.device = _join_ranks(self.device, single=True)  # this rank's device; a process group even for one
+        self.device = join_ranks(self.device, single=True)  # this rank's device; a process group even for one
         mesh = init_device_mesh(self.device.type, (torch.distributed.get_world_size(),))
         dtype = DTYPES[_dtype(self.ds_config)]
         self.model.float().to(self.device)  # fp32 master weights, as DeepSpeed keeps them
@@ -90,7 +79,7 @@ class FSDP2Engine(HostAdamWEngine):
         self.optimizer = torch.optim.AdamW(self.model.parameters(), **_adamw(self.ds_config))  # where they are: host
 
     def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
-        loss = self.model(**_model_inputs(batch, self.device)).loss
+        loss = self.model(**model_inputs(batch, self.device)).loss
         loss.backward()
         return loss
 
@@ -102,6 +91,14 @@ class FSDP2Engine(HostAdamWEngine):
 
 class TorchAOEngine(HostAdamWEngine):
     """torchao-offload: torchao's CPUOffloadOptimizer (the optimizer step and fp32 state on the host)."""
+
+    @classmethod
+    def unavailable(cls, name: str, cuda: bool) -> str | None:
+        if not cuda:
+            return "torchao's CPUOffloadOptimizer runs on CUDA (or XPU) parameters only; this run's device is the CPU"
+        if importlib.util.find_spec("torchao") is None:  # the [peers] extra; `make` adds it where nvidia-smi is
+            return f"torchao not installed: {name} needs it (pip install -e '.[peers]')"
+        return None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -115,7 +112,7 @@ class TorchAOEngine(HostAdamWEngine):
         cast = (torch.autocast(self.device.type, dtype=self.dtype) if self.dtype != torch.float32
                 else contextlib.nullcontext())
         with cast:
-            loss = self.model(**_model_inputs(batch, self.device)).loss
+            loss = self.model(**model_inputs(batch, self.device)).loss
         loss.backward()
         return loss
 
@@ -136,5 +133,3 @@ def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
             return list(found)
     return list(model.children())
 
-
-PEERS: dict[str, type[Engine]] = {"fsdp2-offload": FSDP2Engine, "torchao-offload": TorchAOEngine}

@@ -33,14 +33,37 @@ from typing import Any
 GRACE_S = 10.0  # SIGTERM -> SIGKILL; DeepSpeed's launcher needs a moment to terminate its ranks
 DEATH_SIGNAL = signal.SIGTERM  # what a child gets when its parent dies: catchable, so its cleanup runs
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # what stops a plan (plans.py turns SIGTERM into Ctrl-C)
 
 
 def start_group(cmd: list[str], die_with_parent: bool = True, **popen_kwargs: Any) -> subprocess.Popen:
     """`subprocess.Popen(cmd, ...)` as the leader of a new session and process group (pgid == pid). With
     `die_with_parent` (Linux, called from the main thread) the child gets SIGTERM when this process dies, however
     it dies; False (or elsewhere) it outlives a parent that is killed without stopping it."""
-    preexec = _death_signal_setter() if die_with_parent else None
-    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=preexec, **popen_kwargs)
+    death_signal = _death_signal_setter() if die_with_parent else None
+    if death_signal is None:
+        return subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)
+    # With a preexec_fn, CPython runs its at-fork callbacks (logging's lock release) in this process after the
+    # fork, where an exception from a signal handler is only printed ("Exception ignored"): a SIGTERM or Ctrl-C
+    # there would be lost and the plan would carry on. So both wait, blocked, until the child exists; the child
+    # restores the mask before exec, and a stop that came meanwhile is handled here, stopping the child too.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+    def preexec() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        death_signal()
+
+    proc = None
+    try:
+        proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=preexec, **popen_kwargs)
+    finally:
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGTERM or SIGINT is handled now
+        except BaseException:
+            if proc is not None:
+                stop_group(proc)
+            raise
+    return proc
 
 
 def _death_signal_setter() -> Callable[[], None] | None:

@@ -7,12 +7,12 @@ none; a failed run leaves a complete record with `status: "failed"` and the erro
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from zenflow.harness.tables import write_json_atomic
 
 SCHEMA_VERSION = 1
 
@@ -24,7 +24,7 @@ class RecordError(ValueError):
 @dataclass
 class RunRecord:
     engine: str
-    status: str = "ok"  # "ok" | "failed"
+    status: str = "ok"  # "ok" | "failed" | "skipped"
     error: str | None = None
     schema_version: int = SCHEMA_VERSION
     label: str = ""  # what the run is for, e.g. "llama7b", "glue/MRPC"
@@ -44,19 +44,7 @@ class RunRecord:
 
     def write(self, path: str | Path) -> Path:
         """Atomic: readers see the old file, or the whole new one."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=1, default=_jsonable)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_json_atomic(Path(path), self.to_dict(), default=_jsonable)
 
     @classmethod
     def read(cls, path: str | Path) -> RunRecord:

@@ -11,20 +11,20 @@ from typing import Any
 from tabulate import tabulate
 
 from zenflow.harness import host_ceiling
-from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, PEER_ENGINES
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, PEER_ENGINES
 from zenflow.harness.records import RunRecord, skip_reason
+from zenflow.harness.registry import ASKED, ENGINE_SPECS, engine_names, zenflow_engines
 
-BASELINE = "ds-zero-offload"
-# Each ZenFlow engine's stall reduction is measured against the offload engine of the same family.
-STALL_BASELINE = {"ref-zenflow": "ref-offload", "ds-zenflow": "ds-zero-offload"}
+BASELINE = "ds-zero-offload"  # every engine's speedup; a ZenFlow engine's stall: its row's stall_baseline
 COLUMNS = ("engine", "runs", "median step ms", "cycle mean ms", "accumulate step ms", "update step ms",
            "compute ms", "I/O ms", "stall ms", "speedup vs ds-zero-offload", "stall reduction",
            "bytes/step ÷ model bytes", "final loss")
 
 
 def engine_rank(engine: str) -> tuple[int, str]:
-    """Sort key: the engines in ENGINES, then any other by name."""
-    return (ENGINES.index(engine) if engine in ENGINES else len(ENGINES), engine)
+    """Sort key: the registered engines in table order, then any other by name."""
+    names = engine_names()
+    return (names.index(engine) if engine in names else len(names), engine)
 
 
 def runs_hardware_label(records: Sequence[RunRecord], fallback_env: dict[str, Any]) -> str:
@@ -93,7 +93,8 @@ def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
         base = index.get(BASELINE)
         row["speedup"] = (base["cycle_mean_ms"] / row["cycle_mean_ms"]
                           if base and base["cycle_mean_ms"] and row["cycle_mean_ms"] else None)
-        ref = index.get(STALL_BASELINE.get(row["engine"], ""))
+        spec = ENGINE_SPECS.get(row["engine"])
+        ref = index.get(spec.stall_baseline) if spec and spec.stall_baseline else None
         row["stall_reduction"] = (1 - row["stall_ms"] / ref["stall_ms"]
                                   if ref and ref["stall_ms"] and row["stall_ms"] is not None else None)
     return rows
@@ -195,8 +196,8 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
     w, params = first.workload, first.model.get("parameters", 0) / 1e6
     gpus = max((r["world_size"] or 1 for r in rows), default=1)
     block = next((r.config["zero_optimization"]["zenflow"] for r in records if r.status == "ok"
-                  and "zenflow" in r.config.get("zero_optimization", {}) and not r.engine.endswith("offload")),
-                 DEEPSPEED_EXAMPLES_BLOCK)  # the records' own block
+                  and r.engine in ENGINE_SPECS and ENGINE_SPECS[r.engine].zenflow_block == ASKED),
+                 DEEPSPEED_EXAMPLES_BLOCK)  # the records' own block: a ZenFlow engine's
     text = [f"# Llama-2-7B scenario — {label}", "",
             f"Model: {w.get('model')} ({params:.1f}M params, {w.get('dtype')}), sequence {w.get('seq_len')}, "
             f"micro-batch {w.get('micro_batch')}, data: {w.get('data_source')}. World size {gpus} "
@@ -221,7 +222,8 @@ def host_ceiling_note(rows: list[dict[str, Any]], first: RunRecord, block: dict[
     when the sequence measured them into this folder (or the result set above a `.partial/`)."""
     rates = host_ceiling.load(out) or host_ceiling.load(out.parent)
     index = {r["engine"]: r for r in rows}
-    base, zen = (index.get(e, {}).get("cycle_mean_ms") for e in ("ref-offload", "ref-zenflow"))
+    ours = next(spec for spec in zenflow_engines() if spec.family == "ours")  # the rates are our host worker's
+    base, zen = (index.get(e, {}).get("cycle_mean_ms") for e in (ours.stall_baseline, ours.name))
     interval = block.get("update_interval") if isinstance(block.get("update_interval"), int) else 1
     return host_ceiling.ceiling_note(rates, first.model.get("column_parameters", 0), block.get("topk_ratio", 0.0),
                                      interval, base, base / zen if base and zen else None)
@@ -231,7 +233,7 @@ def peer_notes(index: dict[str, dict[str, Any]]) -> list[str]:
     """ZenFlow (ours and DeepSpeed's) against the systems a user would pick instead (configs.PEER_ENGINES)."""
     peers = [p for p in PEER_ENGINES if p in index]
     notes = []
-    for zen in ("ref-zenflow", "ds-zenflow"):
+    for zen in (spec.name for spec in zenflow_engines()):
         z = index.get(zen, {}).get("cycle_mean_ms")
         if not z or not peers:
             continue
@@ -245,8 +247,7 @@ def same_frequency_notes(index: dict[str, dict[str, Any]]) -> list[str]:
     """ZenFlow's gain over ZeRO-Offload at every-step updates and at the same update frequency (the -gas controls:
     gradient accumulation = the update interval), each family against its own offload engine."""
     notes = []
-    for zen, every, same in (("ref-zenflow", "ref-offload", "ref-offload-gas"),
-                             ("ds-zenflow", "ds-zero-offload", "ds-zero-offload-gas")):
+    for zen, every, same in ((spec.name, spec.stall_baseline, spec.control) for spec in zenflow_engines()):
         z, e, s = (index.get(n, {}).get("cycle_mean_ms") for n in (zen, every, same))
         if z and e and s:
             notes.append(f"- {zen} speedup over {every} (host optimizer every step): {e / z:.2f}×; over {same} "

@@ -23,10 +23,10 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from zenflow.harness.peer_engines import unavailable
 from zenflow.harness.preflight import PreflightError, check_build_locks, torch_extensions_dir
 from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.records import RunRecord, skip_error
+from zenflow.harness.registry import is_deepspeed, unavailable
 from zenflow.harness.session import RunSpec, Session, failed_record
 
 
@@ -40,7 +40,7 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
     if why_not:  # by design: the library is absent, or the engine cannot run on this device
         _skipped(spec, skip_error(why_not, sys.executable)).write(out)
         return RunRecord.read(out)
-    if spec.engine.startswith("ds-"):
+    if is_deepspeed(spec.engine):
         try:
             check_build_locks()  # a stale op-build lock would make this run wait forever, silently
         except PreflightError as exc:
@@ -108,7 +108,7 @@ def _launcher(spec: RunSpec) -> list[str]:
     `--master_port` lets two runs share a host (the launcher's default is a fixed 29500)."""
     if spec.num_gpus == 1:
         return [sys.executable, "-m", "zenflow.harness.runner"]
-    if not spec.engine.startswith("ds-"):
+    if not is_deepspeed(spec.engine):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.num_gpus}",
                 "-m", "zenflow.harness.runner"]
     # The `deepspeed` command's own module, run by this interpreter: no reliance on a script next to it (VENV=).

@@ -24,6 +24,7 @@ from typing import Any
 
 from zenflow.harness.processes import bind_rank_cores
 from zenflow.harness.records import RunRecord, summarize_steps
+from zenflow.harness.registry import engine_spec, is_deepspeed
 
 
 @dataclass
@@ -46,11 +47,8 @@ class RunSpec:
 
     @property
     def cycle(self) -> int:
-        block = self.ds_config["zero_optimization"].get("zenflow") or {}
-        interval = block.get("update_interval", 1)
-        if self.engine in ("ref-zenflow", "ds-zenflow") and isinstance(interval, int):
-            return interval
-        return self.ds_config.get("gradient_accumulation_steps", 1)  # the -gas controls: U; others 1
+        """Steps per update cycle, by the engine's registry rule (EngineSpec.cycle)."""
+        return engine_spec(self.engine).cycle(self.ds_config)
 
 
 class LMWorkload:
@@ -200,7 +198,7 @@ class Session:
         optimizer = getattr(self.engine, "optimizer", None)
         if hasattr(optimizer, "drain"):
             optimizer.drain()  # the last in-flight host update is part of the trained model
-        if not self.spec.engine.startswith("ds-"):
+        if not is_deepspeed(self.spec.engine):
             self.close()  # gives the worker's core back for evaluation
         start = time.perf_counter()
         return self.workload.evaluate(self.workload.model), time.perf_counter() - start
@@ -232,10 +230,15 @@ def failed_record(spec: RunSpec, error: str, stderr_tail: str = "", status: str 
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set so far (Linux reports ru_maxrss in KiB)."""
-    import resource
+    """This process's peak resident set (VmHWM). Not getrusage's ru_maxrss: Linux carries the parent's peak into a
+    child across fork and exec there, so a run started from a large process would report that process's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def world_size() -> int:

@@ -30,6 +30,7 @@ from typing import Any
 from zenflow.harness.preflight import check_build_locks
 from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.records import RunRecord
+from zenflow.harness.registry import is_deepspeed
 from zenflow.harness.runner import child_env, exit_on_sigterm
 from zenflow.harness.session import RunSpec, Session, failed_record
 
@@ -46,7 +47,7 @@ class SteppedEngine:
             raise ValueError(f"num_gpus = {spec.num_gpus}: a stepped engine is one process (bench is single-GPU)")
         self.spec, self.out, self.timeout_s = spec, Path(out), timeout_s
         self.out.unlink(missing_ok=True)
-        if spec.engine.startswith("ds-"):
+        if is_deepspeed(spec.engine):
             check_build_locks()  # raises PreflightError naming the file: never a silent hang on a stale lock
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(asdict(spec), f)

@@ -1,4 +1,4 @@
-"""Per-step timeline: start-to-start period and its split into compute, exposed I/O and stall (DESIGN §4).
+"""Per-step timeline: start-to-start period and its split into compute, exposed I/O and stall (docs/design.md §4).
 
 `StepTimeline` attaches from outside: the training loop marks step starts (`start_step`) and phases (`mark`:
 "forward", "backward", "optimizer"), and the optimizer's observer API (zenflow/hooks.py) reports where the training

@@ -11,19 +11,20 @@ neighbour's load from deciding it).
 
 from __future__ import annotations
 
-import csv
 import statistics
 from pathlib import Path
 from typing import Any
 
-from tabulate import tabulate
-
+from zenflow.harness import tables
 from zenflow.harness.configs import ENGINES, GLUE_BLOCK
 from zenflow.harness.glue.data import get_task, metric_name
 from zenflow.harness.records import RunRecord
+from zenflow.harness.registry import ENGINE_SPECS
 from zenflow.harness.report import engine_rank, runs_hardware_label
 
-FAMILIES = {"DeepSpeed": ("ds-zenflow", "ds-zero-offload"), "ours": ("ref-zenflow", "ref-offload")}
+LABELS = {"deepspeed": "DeepSpeed", "ours": "ours"}
+# Per family, its ZenFlow engine and the offload engine it is held to (the registry's stall baseline), in table order.
+FAMILIES = {LABELS[s.family]: (s.name, s.stall_baseline) for s in ENGINE_SPECS.values() if s.stall_baseline}
 AVERAGE = "average"
 
 
@@ -114,7 +115,7 @@ def markdown(rows: list[dict[str, Any]], speed: dict[str, Any], records: list[Ru
         majority = "—" if r.get("majority") is None else f"{r['majority']:.1f}"
         body.append([name, r["metric"], majority, *(_cell(r["engines"].get(e)) for e in engines), *diffs,
                      *(_verdict(r["parity"][f]) for f in FAMILIES)])
-    lines = [tabulate(body, headers=headers, tablefmt="github", disable_numparse=True), ""]
+    lines = [tables.markdown(body, headers), ""]
     for family, s in speed.items():
         zen, off = FAMILIES[family]
         lines.append(f"- Speedup of ZenFlow over ZeRO-Offload, {family} ({zen} vs {off}): " + (
@@ -158,40 +159,28 @@ def init_warning_lines(records: list[RunRecord]) -> list[str]:
     return [f"- {e}: building the engine changed the values of {max(n)} parameters in {len(n)} of {total[e]} runs "
             "(recorded in each run's `protocol.weights_changed_at_init`): it fine-tuned other weights than the "
             "pretrained ones." + (" DeepSpeed 0.19.8's ZenFlow stage 1/2 re-views every weight untransposed "
-                                  "(divergence G, docs/glue.md)." if e == "ds-zenflow" else "")
+                                  "(divergence G, docs/glue.md)." if e == FAMILIES["DeepSpeed"][0] else "")
             for e, n in sorted(changed.items())]
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["task", "metric", "engine", "mean", "std", "seeds", "scores"])
-        for r in rows:
-            for engine in sorted(r["engines"], key=engine_rank):  # a stable order, whatever the records' order
-                s = r["engines"][engine]
-                writer.writerow([r["task"], r["metric"], engine, f"{s['mean']:.4f}", f"{s['std']:.4f}", s["n"],
-                                 " ".join(f"{x:.4f}" for x in s["scores"])])
+    """One line per task and engine, engines in a stable order whatever the records' order."""
+    table = [[r["task"], r["metric"], engine, f"{s['mean']:.4f}", f"{s['std']:.4f}", s["n"],
+              " ".join(f"{x:.4f}" for x in s["scores"])]
+             for r in rows for engine, s in sorted(r["engines"].items(), key=lambda e: engine_rank(e[0]))]
+    tables.write_csv(table, path, header=["task", "metric", "engine", "mean", "std", "seeds", "scores"])
 
 
 def write_parity_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["task", "family", "zenflow_minus_offload", "tolerance", "seeds", "holds"])
-        for r in rows:
-            for family, p in r["parity"].items():
-                if p is not None:
-                    writer.writerow([r["task"], family, f"{p['diff']:.4f}", f"{p['tolerance']:.4f}", p["seeds"],
-                                     p["holds"]])
+    table = [[r["task"], family, f"{p['diff']:.4f}", f"{p['tolerance']:.4f}", p["seeds"], p["holds"]]
+             for r in rows for family, p in r["parity"].items() if p is not None]
+    tables.write_csv(table, path, header=["task", "family", "zenflow_minus_offload", "tolerance", "seeds", "holds"])
 
 
 def figure(rows: list[dict[str, Any]], speed: dict[str, Any], path: Path, title: str, subtitle: str) -> None:
     """Average GLUE score (0–1, as the paper's "average accuracy") per engine, seed std as error bars, and the
     measured speedup of each ZenFlow over its ZeRO-Offload written on the ZenFlow bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = tables.pyplot()
     avg = rows[-1]["engines"]
     engines = [e for e in ENGINES if e in avg]
     if not engines:
@@ -234,7 +223,8 @@ def describe_runs(ok: list[RunRecord]) -> tuple[list[str], str]:
     sizes = sorted({(r.metrics["task"], w2.get("train_size"), w2.get("train_of") or w2.get("train_size"),
                      ", ".join(f"{k} {v}" for k, v in (w2.get("eval_size") or {}).items()))
                     for r in ok for w2 in [r.workload]})
-    block = next((r.config["zero_optimization"].get("zenflow") for r in ok if r.engine == "ref-zenflow"), GLUE_BLOCK)
+    ours = FAMILIES["ours"][0]
+    block = next((r.config["zero_optimization"].get("zenflow") for r in ok if r.engine == ours), GLUE_BLOCK)
     return [f"Model: {name} ({first.model.get('parameters', 0) / 1e6:.1f}M params, {w.get('dtype')}), sequence "
             f"≤ {w.get('seq_len')} (dynamic padding), micro-batch {w.get('micro_batch')}, {w.get('epochs')} epoch(s), "
             f"AdamW lr {first.config['optimizer']['params']['lr']} (constant), weight decay "

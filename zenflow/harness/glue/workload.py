@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from zenflow.harness.glue.data import Examples, GlueError, Task, compute_metrics, get_task, load_split, task_score
+from zenflow.harness.registry import is_deepspeed
 from zenflow.harness.workloads import DTYPES, WorkloadError
 
 GLUE_DEFAULTS = {"kind": "glue", "task": "SST-2", "model": None, "glue_dir": None, "strict": False,
@@ -200,7 +201,7 @@ def _quiet(engine: str) -> None:
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
-    if engine.startswith("ds-"):
+    if is_deepspeed(engine):
         import deepspeed  # noqa: F401  (its logger is created, at INFO, on import)
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)

@@ -1,0 +1,267 @@
+"""The engine classes: the Engine interface, our torch loop (ZenFlowAdamW, or torch AdamW for the bound) and
+DeepSpeed's engines. The PyTorch peers are in peer_engines.py; which engine runs which class, with which config and
+update cycle, is its row in registry.py, and engines.py builds it (make_engine).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from zenflow import ZenFlowAdamW
+from zenflow.telemetry.timeline import StepTimeline
+
+
+class Engine:
+    """The work of one training step, in two parts the run loop (session.py) times from outside:
+    `forward_backward(batch) -> loss` (a device tensor: reading it is the step's sync point) and
+    `optimizer_step() -> kind` ("warmup", "accumulate" or "update": what this step did to the host part)."""
+
+    name: str
+    weights_changed_at_init: list[str]  # set by make_engine
+    stall_includes_io = False  # DeepSpeed's step cannot be split into copies and CPU Adam from outside
+
+    def __init__(self, name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
+                 telemetry: bool = True, repair_weight_view: bool = False, device: str = "auto",
+                 cycle: int = 1) -> None:
+        self.name, self.model, self.ds_config, self.timeline = name, model, ds_config, timeline
+        self.telemetry, self.repair_weight_view = telemetry, repair_weight_view
+        self.device = resolve_device(device)
+        self.cycle = cycle  # steps per update cycle: the engine's registry row's rule (EngineSpec.cycle)
+
+    @classmethod
+    def unavailable(cls, name: str, cuda: bool) -> str | None:
+        """Why this class cannot run engine `name` here (`cuda`: the run's device is a GPU), or None. Checked in the
+        parent, before the run's process starts, from what is installed and what the device is."""
+        return None
+
+    def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def optimizer_step(self) -> str:
+        raise NotImplementedError
+
+    def weight_fingerprints(self) -> dict[str, torch.Tensor]:
+        """What make_engine compares with the model it was given (engines that shard parameters gather them)."""
+        return weight_fingerprints(self.model)
+
+    def transfer_bytes(self) -> dict[str, int] | None:
+        return None  # not measured by the engine itself
+
+    def host_state_bytes(self) -> int | None:
+        return None  # not measured by the engine itself
+
+    def close(self) -> None:
+        pass
+
+
+class TorchEngine(Engine):
+    """ref-offload(-gas), ref-zenflow, no-offload-fp32: ZenFlowAdamW in a plain torch loop (gradient accumulation:
+    -gas). A subclass trains with another optimizer by overriding `build_optimizer` (and `clip`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.accumulation = self.ds_config.get("gradient_accumulation_steps", 1)  # micro-steps per optimizer step
+        self.micro_steps = 0
+        ranks = join_ranks(self.device)  # under torchrun: this rank's device; the process group is up
+        self.device = ranks or self.device
+        self.model.to(self.device)  # the spec's device, not whatever is available (audit items 7, 26)
+        self.clipping = self.ds_config["gradient_clipping"]
+        self.optimizer = self.build_optimizer(distributed=ranks is not None)
+
+    def build_optimizer(self, distributed: bool) -> Any:
+        """ZenFlowAdamW, which does its own data parallelism over the default group (docs/distributed.md)."""
+        optimizer = ZenFlowAdamW.from_deepspeed_config(self.model.parameters(), self.ds_config)
+        if self.telemetry:
+            optimizer.add_observer(self.timeline)
+        return optimizer
+
+    def clip(self) -> None:
+        pass  # ZenFlowAdamW clips inside its step
+
+    def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        loss = self.model(**model_inputs(batch, self.device)).loss
+        (loss / self.accumulation if self.accumulation > 1 else loss).backward()  # the mean over the micro-steps
+        return loss
+
+    def optimizer_step(self) -> str:
+        self.micro_steps += 1
+        if self.micro_steps % self.accumulation:
+            return "accumulate"  # gradients accumulate on the device, as DeepSpeed's gradient accumulation
+        updates = getattr(self.optimizer, "host_updates", None)
+        self.clip()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if not isinstance(self.optimizer, ZenFlowAdamW):
+            return "update"
+        if self.optimizer.t <= self.optimizer.config.full_warm_up_rounds:
+            return "warmup"
+        return "update" if self.optimizer.host_updates > updates else "accumulate"
+
+    def transfer_bytes(self) -> dict[str, int] | None:
+        if not isinstance(self.optimizer, ZenFlowAdamW):
+            return None
+        return {f"{d}_{k}": n for (d, k), n in self.optimizer.transfer_bytes.items()}
+
+    def host_state_bytes(self) -> int | None:
+        return self.optimizer.host_state_bytes if isinstance(self.optimizer, ZenFlowAdamW) else None
+
+    def close(self) -> None:
+        if isinstance(self.optimizer, ZenFlowAdamW):
+            self.optimizer.close()  # (the process group stays: a rank child exits without teardown, runner.py)
+
+
+class NoOffloadEngine(TorchEngine):
+    """no-offload: torch.optim.AdamW (fused) on the model's own parameters, the bound when the model fits."""
+
+    def build_optimizer(self, distributed: bool) -> torch.optim.Optimizer:
+        p = self.ds_config["optimizer"]["params"]
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=p["lr"], betas=p["betas"], eps=p["eps"],
+                                      weight_decay=p["weight_decay"], fused=True)
+        if distributed:  # the no-offload baseline is plain data parallelism
+            self.model = torch.nn.parallel.DistributedDataParallel(self.model)
+        return optimizer
+
+    def clip(self) -> None:
+        if self.clipping > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clipping)
+
+
+class DeepSpeedEngine(Engine):
+    """The ds-* engines: real `deepspeed.initialize` (CPU accelerator + gloo here, CUDA on a GPU)."""
+
+    stall_includes_io = True
+
+    @classmethod
+    def unavailable(cls, name: str, cuda: bool) -> str | None:
+        return f"deepspeed not installed: {name} needs it" if importlib.util.find_spec("deepspeed") is None else None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.device.type == "cpu":  # DeepSpeed picks CUDA whenever it can; a cpu workload must stay on the CPU
+            pin_deepspeed_to_cpu()
+        import deepspeed
+
+        single_process_env()
+        if self.repair_weight_view:
+            from zenflow.harness.ds_divergences import repair_zenflow_weight_view
+
+            repair_zenflow_weight_view()  # opt-in diagnosis of divergence G, recorded in the run's protocol
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
+        self.engine, *_ = deepspeed.initialize(model=self.model, model_parameters=self.model.parameters(),
+                                               config=self.ds_config)
+        self.device = self.engine.device  # this rank's device (the launcher's LOCAL_RANK under multi-GPU)
+        self.warm_up = (self.ds_config["zero_optimization"].get("zenflow") or {}).get("full_warm_up_rounds", 0)
+        self.steps = 0
+
+    def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        loss = self.engine(**model_inputs(batch, self.engine.device)).loss
+        self.engine.backward(loss)
+        return loss
+
+    def optimizer_step(self) -> str:
+        """DeepSpeed's step is CPU Adam + copies + waits: the run loop books it all as stall (incl. I/O), from the
+        end of backward on the device to the end of the step's device work (`stall_includes_io`)."""
+        self.engine.step()
+        since = self.steps - self.warm_up
+        self.steps += 1
+        if since < 0:
+            return "warmup"
+        return "update" if self.cycle == 1 or since % self.cycle == self.cycle - 1 else "accumulate"
+
+    def weight_fingerprints(self) -> dict[str, torch.Tensor]:
+        """ZeRO-3 holds each parameter as a partition (the module's tensor is empty): gather them to compare."""
+        if self.ds_config["zero_optimization"].get("stage") != 3:
+            return weight_fingerprints(self.model)
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
+            return weight_fingerprints(self.model)
+
+    def close(self) -> None:
+        if hasattr(self.engine, "destroy"):
+            self.engine.destroy()
+
+
+def weight_fingerprints(model: torch.nn.Module, samples: int = 1024) -> dict[str, torch.Tensor]:
+    """About `samples` evenly strided elements of every parameter, copied to the host (cheap even for 7B)."""
+    return fingerprints(model.named_parameters(), samples)
+
+
+def fingerprints(named: Iterable[tuple[str, torch.Tensor]], samples: int = 1024) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, p in named:
+        flat = p.detach().reshape(-1)
+        out[name] = flat[:: max(1, flat.numel() // samples)].to("cpu", copy=True)
+    return out
+
+
+def model_inputs(batch: torch.Tensor | dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A tensor of token ids is a causal-LM batch (labels = inputs); a dict (input_ids, attention_mask, labels,
+    ...) goes to the model as it is (sequence classification)."""
+    if isinstance(batch, dict):
+        return {k: v.to(device) for k, v in batch.items()}
+    batch = batch.to(device)
+    return {"input_ids": batch, "labels": batch}
+
+
+def resolve_device(device: str) -> torch.device:
+    """The workload's device: "auto" is CUDA when available, else the CPU; "cpu" forces the CPU (the cpu-scale
+    workload of bench and the golden curve, so they mean the same on a GPU host); "cuda[:N]" must be usable."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device = {device!r} is not allowed: expected 'auto', 'cpu' or 'cuda[:N]'") from exc
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device = {device!r} is not allowed: expected 'auto', 'cpu' or 'cuda[:N]'")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device = {device!r} but torch.cuda.is_available() is False (torch {torch.__version__}, "
+                         f"built for CUDA {torch.version.cuda})")
+    return resolved
+
+
+def pin_deepspeed_to_cpu() -> None:
+    """DS_ACCELERATOR=cpu before DeepSpeed first resolves its accelerator (it caches the choice per process; the
+    harness also sets it in the child's environment, since capturing the environment resolves it first)."""
+    ds_accel = sys.modules.get("deepspeed.accelerator.real_accelerator")
+    chosen = getattr(ds_accel, "ds_accelerator", None) if ds_accel else None
+    if chosen is not None and chosen.device_name() != "cpu":
+        raise RuntimeError(f"device = 'cpu' but DeepSpeed already chose the {chosen.device_name()!r} accelerator "
+                           "in this process; run the cpu workload in a fresh process (the harness does)")
+    os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+def join_ranks(device: torch.device, single: bool = False) -> torch.device | None:
+    """Under torchrun (WORLD_SIZE > 1): start the default process group (nccl on GPUs, gloo on the CPU) and return
+    this rank's device; None for a single process, unless `single` (FSDP2 needs a group of one): then that group on
+    a loopback rendezvous, and `device` as given."""
+    alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    if alone and not single:
+        return None
+    if alone:
+        single_process_env()
+    if device.type == "cuda":
+        device = device if alone else torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def single_process_env() -> None:
+    """torch.distributed needs a rendezvous even for one process; use a free loopback port."""
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(key, value)

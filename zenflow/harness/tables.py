@@ -1,0 +1,91 @@
+"""Table helpers every report shares: number format, Markdown, CSV, atomic writes, the figure backend.
+
+One copy of each, so that every committed table is written the same way (tests/test_committed_tables.py regenerates
+them byte for byte). Reports read records and rows; these helpers only format and write.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import numbers
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+
+def fmt(value: Any, spec: str = ".1f", missing: str = "—") -> str:
+    """A number in `spec`, `missing` for None, anything else (text, a flag) as str()."""
+    if value is None:
+        return missing
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        return str(value)
+    return format(value, spec)
+
+
+def markdown(body: Sequence[Sequence[Any]], headers: Sequence[str], tablefmt: str = "github") -> str:
+    """A GitHub Markdown table of already formatted cells (no number parsing: "1.10" stays "1.10")."""
+    return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def compact_markdown(body: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
+    """A Markdown table without padding (`| a | b |`), for tables of long cells that sit in prose."""
+    for cell in (*headers, *(c for row in body for c in row)):
+        if "|" in cell or "\n" in cell:
+            raise ValueError(f"a Markdown table cell cannot hold '|' or a line break: {cell!r}")
+    lines = [headers, ["---"] * len(headers), *body]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
+def write_csv(rows: Sequence[Any], path: Path, header: Sequence[str] | None = None) -> None:
+    """Dict rows under their first row's keys (no rows: an empty header line), or list rows under `header`."""
+    with open(path, "w", newline="") as f:
+        if header is None:
+            writer: Any = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+            writer.writeheader()
+        else:
+            writer = csv.writer(f)
+            writer.writerow(header)
+        writer.writerows(rows)
+
+
+def write_atomic(path: Path, write: Callable[[Any], None]) -> Path:
+    """Atomic: a reader (or a command killed mid-write) sees the old file or the whole new one: `write(f)` fills a
+    temporary file in the same folder, flushed to disk, renamed over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would keep the file from its readers
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    return write_atomic(path, lambda f: f.write(text))
+
+
+def write_json_atomic(path: Path, data: Any, default: Callable[[Any], Any] = str) -> Path:
+    """`data` as JSON (indent 1, the records' layout), atomically."""
+    return write_atomic(path, lambda f: json.dump(data, f, indent=1, default=default))
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display): every figure's backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
