@@ -9,6 +9,7 @@ from typing import Any
 from zenflow.costmodel.presets import GPUS, host_rates_per_core
 from zenflow.costmodel.projection import PAPER
 from zenflow.costmodel.validate import QUIET, runs_source
+from zenflow.harness.registry import is_deepspeed
 from zenflow.harness.tables import fmt, markdown, pyplot, write_csv
 
 
@@ -23,8 +24,8 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
              "error", "accumulate ms meas / pred", "update ms meas / pred", "stall ms meas / pred",
              "neighbour jobs running (worst run)"]
     quiet = [r for r in rows if r["neighbours_busy"] < QUIET]
-    ours = [abs(r["error_pct"]) for r in quiet if not r["engine"].startswith("ds-")]
-    theirs = [abs(r["error_pct"]) for r in quiet if r["engine"].startswith("ds-") and not r["fitted_here"]]
+    ours = [abs(r["error_pct"]) for r in quiet if not is_deepspeed(r["engine"])]
+    theirs = [abs(r["error_pct"]) for r in quiet if is_deepspeed(r["engine"]) and not r["fitted_here"]]
     ratios = [r["opt_to_compute_measured"] for r in rows if r["opt_to_compute_measured"] is not None]
     text = "\n".join([
         f"# Cost model validation — {cal['hardware_id']} (cpu-scale, measured vs predicted)", "",
