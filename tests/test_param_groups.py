@@ -177,10 +177,16 @@ def test_a_saved_state_dict_loads_with_weights_only() -> None:
     torch.save(opt.state_dict(), buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=True)  # plain tensors, numbers, strings, lists, dicts only
-    opt_b = ZenFlowAdamW(clone_model(model).parameters(), lr=1e-2, zenflow=opt.config)
+    model_b = clone_model(model)
+    opt_b = ZenFlowAdamW(model_b.parameters(), lr=1e-2, zenflow=opt.config)
     opt_b.load_state_dict(loaded)
+    assert (opt_b.t, opt_b.host_updates) == (opt.t, opt.host_updates)
+    for g in grad_stream(model, 4, seed=2):  # the loaded copy continues exactly as the original
+        step_all(model, [opt], g)
+        step_all(model_b, [opt_b], g)
     opt.close()
     opt_b.close()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model_b.parameters()))
 
 
 def test_tied_weights_are_one_parameter_and_train_like_adamw() -> None:
