@@ -41,6 +41,19 @@ def set_grads(model: torch.nn.Module, grads: list[torch.Tensor]) -> None:
         p.grad = g.clone()
 
 
+def firing_steps(opt: torch.optim.Optimizer, model: torch.nn.Module, grads) -> list[int]:
+    """The steps (from 0) after which the optimizer's `host_updates` grew, feeding `grads` (one list per step)."""
+    fired, before = [], opt.host_updates
+    for t, step_grads in enumerate(grads):
+        set_grads(model, step_grads)
+        opt.step()
+        opt.zero_grad()
+        if opt.host_updates > before:
+            fired.append(t)
+        before = opt.host_updates
+    return fired
+
+
 def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int,
                 start: int = 0) -> list[float]:
     """Real forward/backward steps on a fixed regression task; batch i depends only on (seed, i)."""

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from helpers import Interleaved, clone_model, grad_stream, set_grads, train_steps, zenflow
+from helpers import Interleaved, clone_model, firing_steps, grad_stream, train_steps, zenflow
 
 from zenflow import ZenFlowConfig
 from zenflow.auto_interval import AUTO_LAG
@@ -61,18 +61,6 @@ def test_no_nan_with_auto_everything_in_bf16():
     assert all(math.isfinite(x) for x in losses)
 
 
-def _firing_steps(opt, model, grads) -> list[int]:
-    fired, before = [], opt.host_updates
-    for t, step_grads in enumerate(grads):
-        set_grads(model, step_grads)
-        opt.step()
-        opt.zero_grad()
-        if opt.host_updates > before:
-            fired.append(t)
-        before = opt.host_updates
-    return fired
-
-
 def _jittery(seed: int):
     """A HostWorker.before_job hook: the worker takes a random time per accumulation, so any timing-dependent
     decision would show."""
@@ -91,13 +79,13 @@ def test_auto_fires_at_the_same_steps_in_sync_and_overlap_whatever_the_worker_ti
     block = dict(topk_ratio=0.1, update_interval="auto", full_warm_up_rounds=0)
     sync_model = clone_model(model)
     with zenflow(sync_model, **block) as opt:
-        sync_fired = _firing_steps(opt, sync_model, grads)
+        sync_fired = firing_steps(opt, sync_model, grads)
     assert 60 / AUTO_MAX_UPDATE_INTERVAL < len(sync_fired) < 60  # the rule decides: neither the cap nor always
     for seed in range(3):
         overlap_model = clone_model(model)
         with zenflow(overlap_model, overlap_step=True, **block) as opt:
             opt.worker.before_job = _jittery(seed)
-            assert _firing_steps(opt, overlap_model, grads) == sync_fired, f"worker timing seed {seed}"
+            assert firing_steps(opt, overlap_model, grads) == sync_fired, f"worker timing seed {seed}"
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -110,7 +98,7 @@ def test_auto_fires_exactly_when_the_unselected_mass_catches_up(overlap):
     opt = zenflow(layer, topk_ratio=0.25, update_interval="auto", auto_ratio=1.0, full_warm_up_rounds=0,
                   overlap_step=overlap)
     with opt:
-        fired = _firing_steps(opt, layer, [[grad]] * 20)
+        fired = firing_steps(opt, layer, [[grad]] * 20)
     period = 3 + AUTO_LAG
     assert fired == [period * (i + 1) - 1 for i in range(20 // period)]
     assert opt.state[layer.weight].sel.tolist() == [0, 1, 2, 3]
@@ -123,19 +111,19 @@ def test_auto_history_survives_a_checkpoint_taken_mid_interval(overlap):
     block = dict(topk_ratio=0.1, update_interval="auto", full_warm_up_rounds=0, overlap_step=overlap)
     straight = clone_model(model)
     with zenflow(straight, **block) as opt:
-        fired = _firing_steps(opt, straight, grads)
+        fired = firing_steps(opt, straight, grads)
         opt.drain()
     cut = next(t for t in range(fired[1] + 1, fired[2]) if t - fired[1] > AUTO_LAG)  # mid-interval, history > lag
     first = clone_model(model)
     with zenflow(first, **block) as opt:
-        head = _firing_steps(opt, first, grads[:cut])
+        head = firing_steps(opt, first, grads[:cut])
         saved = copy.deepcopy(opt.state_dict())
         params = copy.deepcopy(first.state_dict())
     resumed = clone_model(model)
     resumed.load_state_dict(params)
     with zenflow(resumed, **block) as opt:
         opt.load_state_dict(saved)
-        tail = _firing_steps(opt, resumed, grads[cut:])
+        tail = firing_steps(opt, resumed, grads[cut:])
         opt.drain()
     assert head + [t + cut for t in tail] == fired
     for a, b in zip(straight.parameters(), resumed.parameters()):

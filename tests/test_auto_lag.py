@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import firing_steps
 
 from zenflow import ZenFlowAdamW
 
@@ -31,30 +32,21 @@ def constant_gradient() -> torch.Tensor:
     return grad
 
 
-def firing_steps(overlap: bool, **hyper) -> list[int]:
+def constant_firing(overlap: bool, **hyper) -> list[int]:
     """The steps (from 0) after which `host_updates` grew, over STEPS steps of the constant gradient."""
     layer = torch.nn.Linear(16, 8, bias=False)
     block = {"topk_ratio": 0.25, "update_interval": "auto", "auto_ratio": 1.0, "full_warm_up_rounds": 0,
              "select_interval": 10_000, "overlap_step": overlap}
-    fired = []
     with ZenFlowAdamW(layer.parameters(), lr=1e-2, zenflow=block, **hyper) as opt:
-        before = opt.host_updates
-        for t in range(STEPS):
-            layer.weight.grad = constant_gradient()
-            opt.step()
-            opt.zero_grad()
-            if opt.host_updates > before:
-                fired.append(t)
-            before = opt.host_updates
-    return fired
+        return firing_steps(opt, layer, [[constant_gradient()] for _ in range(STEPS)])
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 def test_constant_gradients_fire_every_5_steps_two_steps_after_the_mass_caught_up(overlap):
-    assert firing_steps(overlap) == DOCUMENTED_FIRING
+    assert constant_firing(overlap) == DOCUMENTED_FIRING
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 def test_clipping_every_step_does_not_move_the_auto_boundaries(overlap):
     norm = float(constant_gradient().norm())
-    assert firing_steps(overlap, gradient_clipping=0.5 * norm) == DOCUMENTED_FIRING  # clipped by ~0.5 every step
+    assert constant_firing(overlap, gradient_clipping=0.5 * norm) == DOCUMENTED_FIRING  # clipped by ~0.5 every step
