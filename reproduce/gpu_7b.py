@@ -77,14 +77,18 @@ def chunks(engines: list[str], seconds: dict[str, float], budget_s: float) -> li
     return groups
 
 
+def llama2_7b(layers: int) -> mp.ModelShape:
+    """The shape llama7b.py's --shape llama2-7b builds, at `layers` layers."""
+    return mp.ModelShape.from_workload({"model": "llama2-7b-shape", **SHAPES["llama2-7b"], "layers": layers})
+
+
 def run_seconds(args: argparse.Namespace) -> dict[str, float]:
     """Each engine's estimated time in the sequence: its run (plus the run without telemetry for ref-zenflow and the
     op build for the first DeepSpeed engine), from the memory plan's rough rates."""
     if args.rehearsal:
         return {e: 30.0 for e in args.engines}
-    shape = mp.ModelShape(32000, SHAPES["llama2-7b"]["hidden"], SHAPES["llama2-7b"]["intermediate"], args.layers,
-                          SHAPES["llama2-7b"]["heads"], SHAPES["llama2-7b"]["heads"])
-    needs = mp.plan(args.engines, shape, 2, True, DEEPSPEED_EXAMPLES_BLOCK, 512, 1, 0)  # a GPU host's rates
+    # a GPU host's rates (cuda=True), whatever runs this
+    needs = mp.plan(args.engines, llama2_7b(args.layers), 2, True, DEEPSPEED_EXAMPLES_BLOCK, 512, 1, 0)
     seconds = {n.engine: n.run_s(12) * (2 if n.engine == "ref-zenflow" else 1) for n in needs}
     first_ds = next((e for e in args.engines if is_deepspeed(e)), None)
     if first_ds:
@@ -115,8 +119,7 @@ def resolve_layers(args: argparse.Namespace) -> int:
     cuda = torch.cuda.is_available()
     host = mp.Host.measure(cuda)
     base = mp.process_base_bytes(args.engines, cuda)
-    shape = mp.ModelShape(32000, SHAPES["llama2-7b"]["hidden"], SHAPES["llama2-7b"]["intermediate"],
-                          SHAPES["llama2-7b"]["layers"], SHAPES["llama2-7b"]["heads"], SHAPES["llama2-7b"]["heads"])
+    shape = llama2_7b(SHAPES["llama2-7b"]["layers"])
     return mp.largest_layers(args.engines, shape, host, 2, cuda, DEEPSPEED_EXAMPLES_BLOCK, 512, 1, base,
                              shape.layers)
 

@@ -133,31 +133,29 @@ def main(argv: list[str] | None = None) -> int:
     problem = local_inputs.problem(args.model, args.data, args.allow_download)
     if problem:  # checked once here, not once per run
         return cc.refuse(problem)
-    cuda = (torch.cuda.is_available() and args.device != "cpu") or bool(args.device_memory_gib)
-    host = (mp.Host.simulated(args.host_memory_gib or mp.Host.measure(False).available / mp.GiB,
-                              args.device_memory_gib) if args.host_memory_gib or args.device_memory_gib
-            else mp.Host.measure(cuda))
-    real_cuda = torch.cuda.is_available() and args.device != "cpu"
-    # measured on this host; a simulated GPU on a CPU host adds a stated estimate of the CUDA context's host memory
-    base = mp.process_base_bytes(args.engines, real_cuda) + (mp.CUDA_CONTEXT if cuda and not real_cuda else 0)
-    if args.shape and args.layers is None:
+    host = base = None
+    if args.shape and args.layers is None:  # the most layers that fit: the output folder is named after them
+        host, base, cuda = host_and_base(args)
         shape = mp.ModelShape.from_workload(workload(args, SHAPES[args.shape]["layers"]))
         args.layers = mp.largest_layers(args.engines, shape, host, 2 if args.dtype != "fp32" else 4, cuda,
                                         DEEPSPEED_EXAMPLES_BLOCK, args.seq_len, args.micro_batch, base, shape.layers)
-    needs = memory_needs(args, host, base, cuda)
-    if args.plan:
-        shape = mp.ModelShape.from_workload(workload(args))
-        print(mp.render(needs, host, args.warmup_steps + args.timed_steps, shape, base, WINDOW_S))
-        return 0
     env = capture_environment()
     scenario = f"{args.shape}-{args.layers}L{'-frozen-embedding' if args.freeze_embedding else ''}" if args.shape \
         else ""
     out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"] / scenario / (
         f"nproc-{args.nproc}" if args.nproc > 1 else "")
     report = partial(scenario_report, env=env)
-    if args.report_only:
+    if args.report_only:  # records only: no plan, no probe
         problem = report_existing(out, report)
         return cc.refuse(problem) if problem else 0
+    if host is None:
+        host, base, cuda = host_and_base(args)
+    shape, needs = memory_needs(args, base, cuda)
+    if args.plan:
+        if shape is None:
+            return cc.refuse(f"argument --plan: the shape of {args.model!r} is not on this host (no config.json)")
+        print(mp.render(needs, host, args.warmup_steps + args.timed_steps, shape, base, WINDOW_S))
+        return 0
     problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume)
     if problem:
         return cc.refuse(f"argument --out: {str(out)!r} {problem}")
@@ -189,15 +187,28 @@ def workload(args: argparse.Namespace, layers: int | None = None) -> dict:
             "data": args.data, "device": args.device, **shape}
 
 
-def memory_needs(args: argparse.Namespace, host: mp.Host, base: int, cuda: bool) -> list[mp.Need]:
-    """Every engine's estimate for this workload (a hub model's shape from its local config.json)."""
+def host_and_base(args: argparse.Namespace) -> tuple[mp.Host, int, bool]:
+    """What the runs may use (this host, or the simulated one), the measured base of a run child, and whether the
+    plan is for a GPU."""
+    real_cuda = torch.cuda.is_available() and args.device != "cpu"
+    cuda = real_cuda or bool(args.device_memory_gib)
+    simulated = args.host_memory_gib or args.device_memory_gib
+    host = (mp.Host.simulated(args.host_memory_gib or mp.Host.measure(False).available / mp.GiB,
+                              args.device_memory_gib) if simulated else mp.Host.measure(cuda))
+    # measured here; a simulated GPU on a CPU host adds a stated estimate of the CUDA context's host memory
+    base = mp.process_base_bytes(args.engines, real_cuda) + (mp.CUDA_CONTEXT if cuda and not real_cuda else 0)
+    return host, base, cuda
+
+
+def memory_needs(args: argparse.Namespace, base: int, cuda: bool) -> tuple[mp.ModelShape | None, list[mp.Need]]:
+    """The model's shape and every engine's estimate (a hub model's shape from its local config.json)."""
     try:
         shape = mp.ModelShape.from_workload(workload(args))
     except (FileNotFoundError, KeyError) as exc:  # --allow-download of a model not here: nothing to plan from
         print(f"memory plan: not made ({exc})", file=sys.stderr)
-        return []
-    return mp.plan(args.engines, shape, 2 if args.dtype != "fp32" else 4, cuda, DEEPSPEED_EXAMPLES_BLOCK,
-                   args.seq_len, args.micro_batch, base)
+        return None, []
+    return shape, mp.plan(args.engines, shape, 2 if args.dtype != "fp32" else 4, cuda, DEEPSPEED_EXAMPLES_BLOCK,
+                          args.seq_len, args.micro_batch, base)
 
 
 def plan(args: argparse.Namespace, skips: dict[str, str | None] | None = None) -> list[PlannedRun]:
