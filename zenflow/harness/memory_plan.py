@@ -37,6 +37,7 @@ from zenflow.harness.registry import (  # noqa: F401  (our_host_bytes, pow2: re-
 
 GiB = 2**30
 CUDA_CONTEXT = GiB  # host memory of a CUDA context and its libraries (planning a GPU host from a CPU one)
+NEEDS = "needs ~"  # how every verdict of fits() starts: report.py tells a "does not fit" skip by it
 HEADROOM = 0.95  # a run may use this share of what is available (the rest: page cache, fragmentation, the parent)
 DEFAULT_MARGIN = 0.75  # the default --layers leaves a quarter of host and device free: estimates can be 25% low
 # Rough planning rates (stated, not measured): the run records hold the measured step times.
@@ -216,10 +217,10 @@ def fits(need: Need, host: Host, headroom: float = HEADROOM) -> str | None:
     """Why `need` does not fit `host` (using `headroom` of it), in one line, or None."""
     room = int(host.available * headroom)
     if need.host > room:
-        return (f"needs ~{need.host / GiB:.1f} GiB host ({need.pinned / GiB:.1f} pinned + "
+        return (f"{NEEDS}{need.host / GiB:.1f} GiB host ({need.pinned / GiB:.1f} pinned + "
                 f"{need.pageable / GiB:.1f} pageable), {host.available / GiB:.1f} available ({host.source})")
     if host.device_total is not None and need.device > host.device_total * headroom:
-        return f"needs ~{need.device / GiB:.1f} GiB on the device, {host.device_total / GiB:.1f} there"
+        return f"{NEEDS}{need.device / GiB:.1f} GiB on the device, {host.device_total / GiB:.1f} there"
     return None
 
 

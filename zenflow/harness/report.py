@@ -12,6 +12,7 @@ from tabulate import tabulate
 
 from zenflow.harness import host_ceiling
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, PEER_ENGINES
+from zenflow.harness.memory_plan import NEEDS
 from zenflow.harness.records import RunRecord, skip_reason
 from zenflow.harness.registry import ASKED, ENGINE_SPECS, engine_names, zenflow_engines
 
@@ -105,7 +106,7 @@ def skipped_cell(error: str | None) -> str:
     error = error or ""
     if "not installed" in error:
         return "not installed"
-    if error.startswith("needs ~"):
+    if error.startswith(NEEDS):
         return "does not fit: " + error.split(",")[0]  # "needs ~X GiB host (...)": the rest is in the notes
     return "not run here"
 
