@@ -5,7 +5,8 @@ network, and without this check every run of a plan would fail on its own, one a
   config and weights are in the local Hugging Face cache;
 - tokenizer: the random-weight builders use Llama's SentencePiece model shipped in `mistral-common` (or UTF-8 bytes
   when it is not installed: offline either way, and the record says which); a hub model's own tokenizer files;
-- data: `auto` is the Alpaca subset committed in `data/alpaca/` (data/README.md), or a local file.
+- data: `auto` is what `workloads.local_text` finds (the Alpaca subset committed in `data/alpaca/`, data/README.md,
+  then `../shared`'s texts), or a local file.
 
 `allow_download=True` (reproduce/llama7b.py --allow-download) accepts a hub model or hub data that is not cached:
 the runs then fetch it, as before.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zenflow.harness.workloads import RANDOM_MODELS, REPO_ALPACA, SHARED_TEXT
+from zenflow.harness.workloads import RANDOM_MODELS, REPO_ALPACA, local_text
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
 TOKENIZER = ("tokenizer.json", "tokenizer.model")
@@ -29,7 +30,7 @@ def problem(model: str, data: str, allow_download: bool = False) -> str | None:
             return (f"model {model!r}: {missing}; this host may have no network: pass a local folder, download it "
                     "first (huggingface-cli download), run the random-weight scenario (--shape llama2-7b), or let "
                     "the runs fetch it (--allow-download)")
-    if data == "auto" and not REPO_ALPACA.exists() and not (SHARED_TEXT / "alpaca").is_dir() and not allow_download:
+    if data == "auto" and local_text() is None and not allow_download:
         return (f"--data auto: the Alpaca subset {REPO_ALPACA} is missing from this checkout; restore it (git "
                 "checkout data/), pass --data PATH, or let the runs fetch Alpaca (--allow-download)")
     return None

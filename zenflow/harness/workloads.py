@@ -127,17 +127,26 @@ class Tokenizer:
             self.encode = lambda text: tok(text, add_special_tokens=True)["input_ids"]
 
 
+def local_text() -> tuple[Path, str] | None:
+    """What `--data auto` reads on this host, and how records name it: the committed Alpaca subset, else
+    `../shared`'s texts; None when neither is here (local_inputs.py refuses that before any run)."""
+    if REPO_ALPACA.exists():
+        return REPO_ALPACA, str(REPO_ALPACA.relative_to(CHECKOUT))
+    for candidate in (SHARED_TEXT / "alpaca" / "alpaca_data_200.json", SHARED_TEXT / "tinyshakespeare" / "input.txt"):
+        if candidate.exists():
+            return candidate, str(candidate.relative_to(SHARED_TEXT.parent.parent))
+    return None
+
+
 def load_texts(w: Workload) -> tuple[list[str], str]:
     """Training texts and where they came from (recorded, so a run says what it trained on)."""
     if w.data == "synthetic":
         return _generated_texts(w.seed), "generated"
     if w.data != "auto":
         return _texts_from(Path(w.data)), w.data
-    if REPO_ALPACA.exists():
-        return _texts_from(REPO_ALPACA), str(REPO_ALPACA.relative_to(CHECKOUT))
-    for candidate in (SHARED_TEXT / "alpaca" / "alpaca_data_200.json", SHARED_TEXT / "tinyshakespeare" / "input.txt"):
-        if candidate.exists():
-            return _texts_from(candidate), str(candidate.relative_to(SHARED_TEXT.parent.parent))
+    local = local_text()
+    if local is not None:
+        return _texts_from(local[0]), local[1]
     if w.model not in RANDOM_MODELS:  # a hub model without local data: Alpaca from the hub
         from datasets import load_dataset
 
