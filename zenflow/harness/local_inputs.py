@@ -36,13 +36,18 @@ def problem(model: str, data: str, allow_download: bool = False) -> str | None:
     return None
 
 
+def model_folder(model: str) -> Path | None:
+    """Where a model's files are on this host: the local folder it names, or a hub id's snapshot in the local
+    Hugging Face cache (never fetched); None when neither."""
+    folder = Path(model).expanduser()
+    return folder if folder.is_dir() else _cached_snapshot(model)
+
+
 def _model_missing(model: str) -> str | None:
     """What of a hub id or local folder is not here, or None."""
-    folder = Path(model).expanduser()
-    if not folder.is_dir():
-        folder = _cached_snapshot(model)
-        if folder is None:
-            return "not a local folder and not in the local Hugging Face cache"
+    folder = model_folder(model)
+    if folder is None:
+        return "not a local folder and not in the local Hugging Face cache"
     if not (folder / "config.json").is_file():
         return f"{folder} has no config.json"
     if not any(any(folder.glob(pattern)) for pattern in WEIGHTS):

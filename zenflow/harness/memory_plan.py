@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zenflow.harness.local_inputs import model_folder
 from zenflow.harness.registry import (  # noqa: F401  (our_host_bytes, pow2: re-exported, the tests read them here)
     MemoryInputs,
     engine_spec,
@@ -266,16 +267,11 @@ def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
 
 def _local_config(model: str) -> dict[str, Any]:
     """config.json of a local folder, or of a hub id in the local Hugging Face cache; never fetched."""
-    path = Path(model).expanduser() / "config.json"
-    if not path.is_file():
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(model, "config.json")
-        if not isinstance(cached, str):
-            raise FileNotFoundError(f"model {model!r}: no local config.json (not a folder, not in the Hugging Face "
-                                    "cache)")
-        path = Path(cached)
-    return json.loads(path.read_text())
+    folder = model_folder(model)
+    if folder is None or not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model {model!r}: no local config.json (not a folder, not in the Hugging Face "
+                                "cache)")
+    return json.loads((folder / "config.json").read_text())
 
 
 def render(needs: list[Need], host: Host, steps: int, shape: ModelShape, base: int, window_s: float) -> str:
