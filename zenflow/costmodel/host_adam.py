@@ -62,16 +62,21 @@ def _median_ms(step: Callable[[], None], steps: int) -> float:
     return statistics.median(times)
 
 
-def measure(numel: int, threads: list[int], rounds: int = 3, steps: int = 9) -> dict[str, Any]:
-    """{kernel: {threads: {"ms": median step, "gelem_s": rate}}}; DeepSpeed's entry says why when its op is missing."""
-    makers = {"torch-fused-adamw": _torch_step, "deepspeed-cpu-adam": _deepspeed_step}
-    kernels: dict[str, Any] = {}
+KERNELS = {"torch-fused-adamw": _torch_step, "deepspeed-cpu-adam": _deepspeed_step}
+
+
+def measure(numel: int, threads: list[int], rounds: int = 3, steps: int = 9,
+            kernels: tuple[str, ...] = tuple(KERNELS)) -> dict[str, Any]:
+    """{kernel: {threads: {"ms": median step, "gelem_s": rate}}} for the named `kernels` (default: both);
+    DeepSpeed's entry says why when its op is missing."""
+    makers = {name: KERNELS[name] for name in kernels}
+    results: dict[str, Any] = {}
     built: dict[str, Callable[[], None]] = {}
     for name, make in makers.items():
         try:
             built[name] = make(numel)
         except Exception as exc:  # noqa: BLE001  (no deepspeed, or its op cannot build here: recorded, not fatal)
-            kernels[name] = {"unavailable": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+            results[name] = {"unavailable": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     before = torch.get_num_threads()
     samples: dict[tuple[str, int], list[float]] = {}
     try:
@@ -86,9 +91,9 @@ def measure(numel: int, threads: list[int], rounds: int = 3, steps: int = 9) -> 
         torch.set_num_threads(before)
     for (name, n), ms in samples.items():
         median = statistics.median(ms)
-        kernels.setdefault(name, {})[str(n)] = {"ms": median, "gelem_s": numel / median / 1e6,
+        results.setdefault(name, {})[str(n)] = {"ms": median, "gelem_s": numel / median / 1e6,
                                                 "rounds_ms": ms}
-    return kernels
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:

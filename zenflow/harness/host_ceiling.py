@@ -60,7 +60,7 @@ def measure(numel: int, compute_fraction: float = 0.5) -> dict[str, Any]:
     split = reserved_cores(compute_fraction)
     worker = len(split[0]) if split else cores
     threads = sorted({worker, cores})
-    adamw = measure_adamw(numel, threads, rounds=1).get("torch-fused-adamw", {})
+    adamw = measure_adamw(numel, threads, rounds=1, kernels=("torch-fused-adamw",))["torch-fused-adamw"]
     return {"schema": SCHEMA, "numel": numel, "cores": cores, "worker_cores": worker,
             "adamw_gelem_s": {str(n): adamw[str(n)]["gelem_s"] for n in threads if str(n) in adamw},
             "accumulate_gelem_s": {str(n): accumulate_rate(numel, n) for n in threads}}
