@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from zenflow.config import ZenFlowConfig
 from zenflow.costmodel.host_adam import measure as measure_adamw
 from zenflow.host import add_upcast_, reserved_cores
 
@@ -54,8 +55,8 @@ def accumulate_rate(numel: int, threads: int, steps: int = 9) -> float:
     return acc.numel() / statistics.median(times) / 1e9
 
 
-def measure(numel: int, compute_fraction: float = 0.5) -> dict[str, Any]:
-    """Rates at the worker's and at all cores; the record `ceiling()` reads."""
+def measure(numel: int, compute_fraction: float = ZenFlowConfig().pt_reserved_cores_perc) -> dict[str, Any]:
+    """Rates at the worker's cores (the block's default core split) and at all cores; what ceiling_note reads."""
     cores = len(os.sched_getaffinity(0))
     split = reserved_cores(compute_fraction)
     worker = len(split[0]) if split else cores
