@@ -34,7 +34,6 @@ from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES  #
 from zenflow.harness.registry import is_deepspeed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-WINDOW_S = 570  # one command: 9.5 minutes
 BUDGET_S = 360  # the estimated work packed into one command: the plan's times are rough, --resume absorbs overruns
 DS_BUILD_S = 150  # DeepSpeed's CPU Adam op build, the first time on a fresh machine
 REHEARSAL_ENGINES = ["no-offload", "ref-offload", "ref-zenflow"]
@@ -107,7 +106,7 @@ def commands(args: argparse.Namespace) -> list[list[str]]:
     args.estimates = [0.0, 60.0]
     for group in chunks(args.engines, seconds, args.budget_s):
         args.estimates.append(sum(seconds[e] for e in group))
-        sequence.append(["timeout", "-s", "TERM", str(WINDOW_S), *script, "--engines", *group, *out, "--resume"])
+        sequence.append(["timeout", "-s", "TERM", str(mp.WINDOW_S), *script, "--engines", *group, *out, "--resume"])
     sequence.append([*script, *out, "--report-only"])
     args.estimates.append(0.0)
     return sequence

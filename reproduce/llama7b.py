@@ -46,7 +46,6 @@ from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB_DEFAULT = "meta-llama/Llama-2-7b-hf"
-WINDOW_S = 570  # a device window's command: 10 minutes, less a margin for start-up and the copy back
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         if shape is None:
             return cc.refuse(f"argument --plan: the shape of {args.model!r} is not on this host (no config.json)")
-        print(mp.render(needs, host, args.warmup_steps + args.timed_steps, shape, base, WINDOW_S))
+        print(mp.render(needs, host, args.warmup_steps + args.timed_steps, shape, base))
         return 0
     problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume)
     if problem:

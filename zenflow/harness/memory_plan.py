@@ -39,6 +39,7 @@ from zenflow.harness.registry import (  # noqa: F401  (our_host_bytes, pow2: re-
 GiB = 2**30
 CUDA_CONTEXT = GiB  # host memory of a CUDA context and its libraries (planning a GPU host from a CPU one)
 NEEDS = "needs ~"  # how every verdict of fits() starts: report.py tells a "does not fit" skip by it
+WINDOW_S = 570  # one command of a device window: 10 minutes, less a margin for start-up and the copy back
 HEADROOM = 0.95  # a run may use this share of what is available (the rest: page cache, fragmentation, the parent)
 DEFAULT_MARGIN = 0.75  # the default --layers leaves a quarter of host and device free: estimates can be 25% low
 # Rough planning rates (stated, not measured): the run records hold the measured step times.
@@ -274,7 +275,8 @@ def _local_config(model: str) -> dict[str, Any]:
     return json.loads((folder / "config.json").read_text())
 
 
-def render(needs: list[Need], host: Host, steps: int, shape: ModelShape, base: int, window_s: float) -> str:
+def render(needs: list[Need], host: Host, steps: int, shape: ModelShape, base: int,
+           window_s: float = WINDOW_S) -> str:
     """The plan as a Markdown table: per engine its estimates, its run time and whether it fits the host and the
     command window (`window_s`: plan commands shorter than that)."""
     from tabulate import tabulate
