@@ -52,8 +52,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--publish", type=cc.out_folder, default=None,
                     help="copy the merged records, table and figure into this folder (e.g. results/...)")
     ap.add_argument("--rehearsal", action="store_true", help="the CPU dress rehearsal: a tiny model (--smoke)")
-    ap.add_argument("--python", default=sys.executable, help="the interpreter of every command")
+    ap.add_argument("--python", type=interpreter, default=sys.executable, help="the interpreter of every command")
     return ap.parse_args(argv)
+
+
+def interpreter(value: str) -> str:
+    """A `type=` for --python: an executable on this host (a path, or a name on PATH)."""
+    found = shutil.which(value)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{value!r} is not allowed: expected an executable Python interpreter")
+    return found
 
 
 def common_args(args: argparse.Namespace) -> list[str]:

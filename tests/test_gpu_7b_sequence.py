@@ -99,3 +99,15 @@ def test_chunked_sequence_with_a_kill_gives_the_uninterrupted_table(tmp_path):
     losses = {r.engine + str(r.protocol.get("telemetry")): [s["loss"] for s in r.steps] for r in read_records(whole)}
     assert {r.engine + str(r.protocol.get("telemetry")): [s["loss"] for s in r.steps]
             for r in read_records(chunked)} == losses
+
+
+def test_bad_arguments_are_refused_in_one_line_before_anything_runs(tmp_path):
+    out = tmp_path / "out"
+    for args, named in ((["--python", "/no/such/python"], "--python"), (["--step", "99"], "--step"),
+                        (["--budget-s", "0"], "--budget-s")):
+        done = subprocess.run([*GPU_7B, "--out", str(out), *args], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT)
+        assert done.returncode == 2, (args, done.stderr)
+        (line,) = done.stderr.strip().splitlines()
+        assert named in line and "not allowed" in line
+        assert not out.exists()
