@@ -30,8 +30,8 @@ import pytest
 import torch
 
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE
-from zenflow.harness.engines import deepspeed_config
-from zenflow.harness.registry import is_deepspeed, unavailable
+from zenflow.harness.engines.build import deepspeed_config
+from zenflow.harness.engines.registry import is_deepspeed, unavailable
 from zenflow.harness.runner import RunSpec
 from zenflow.harness.stepper import SteppedEngine
 

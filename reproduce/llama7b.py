@@ -15,7 +15,8 @@ GPU host without local Llama-2-7B weights, at the largest N the memory plan admi
 checks that model, tokenizer and data are on this host (local_inputs.py) and plans every engine's memory
 (memory_plan.py): an engine that cannot fit gets a `skipped` record saying what it needs, in seconds.
 
-Every argument is checked before any run, model load or DeepSpeed import (zenflow/harness/cli_checks.py): a bad one
+Every argument is checked before any run, model load or DeepSpeed import (zenflow/harness/checks/arguments.py): a bad
+one
 gives one line naming the argument, the value and what is allowed, exit status 2, and nothing in --out. The plan's
 records are written to <out>/.partial/ and move into <out>/ only when every run is ok or skipped; a failed or
 interrupted plan leaves <out>/ as it was, with its records and a PARTIAL file in <out>/.partial/, which --resume
@@ -32,15 +33,15 @@ from pathlib import Path
 
 import torch
 
-from zenflow.harness import cli_checks as cc
 from zenflow.harness import local_inputs
 from zenflow.harness import memory_plan as mp
+from zenflow.harness.checks import arguments as cc
+from zenflow.harness.checks.preflight import PreflightError, check_async_io, check_build_locks, check_cuda_usable
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES, TINY_LLAMA_SHAPE
-from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.engines.build import deepspeed_config
+from zenflow.harness.engines.registry import is_deepspeed, needs_async_io
 from zenflow.harness.plans import PlannedRun, execute, report_existing
-from zenflow.harness.preflight import PreflightError, check_async_io, check_build_locks, check_cuda_usable
-from zenflow.harness.registry import is_deepspeed, needs_async_io
-from zenflow.harness.report import scenario_report
+from zenflow.harness.reports.scenario import scenario_report
 from zenflow.harness.session import RunSpec
 from zenflow.telemetry.environment import capture_environment
 
@@ -49,7 +50,7 @@ HUB_DEFAULT = "meta-llama/Llama-2-7b-hf"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Every argument is checked here, before any run (cli_checks): a bad one exits 2 with one line on stderr."""
+    """Every argument is checked here, before any run (checks/arguments.py): a bad one exits 2, one line on stderr."""
     gpu = torch.cuda.is_available()
     ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=cc.model_or_builtin("cpu-scale"), default=os.environ.get("MODEL") or None,

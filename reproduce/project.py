@@ -22,7 +22,7 @@ from zenflow.costmodel.presets import load_calibration
 from zenflow.costmodel.projection import projection, write_falsifiable
 from zenflow.costmodel.tables import projection_figure, validation_figure, write_projection, write_validation
 from zenflow.costmodel.validate import EXTRA_SEQS, run_validation, validation
-from zenflow.harness import cli_checks as cc
+from zenflow.harness.checks import arguments as cc
 from zenflow.harness.configs import ENGINES
 
 ROOT = Path(__file__).resolve().parents[1]

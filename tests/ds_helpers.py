@@ -163,8 +163,8 @@ def _ds_main(src: str, dst: str) -> None:
 
 
 def _repair_weight_layout() -> None:
-    """Divergence G: see zenflow/harness/ds_divergences.py (the same repair the GLUE diagnostic run can use)."""
-    from zenflow.harness.ds_divergences import repair_zenflow_weight_view
+    """Divergence G: see zenflow/harness/engines/ds_divergences.py (the same repair the GLUE diagnostic run can use)."""
+    from zenflow.harness.engines.ds_divergences import repair_zenflow_weight_view
 
     repair_zenflow_weight_view()
 

@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import torch
 
-from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.records import summarize_steps
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 from zenflow.harness.session import step_row

@@ -1,6 +1,7 @@
-"""An output folder the user cannot write to is refused (zenflow/harness/cli_checks.py, every reproduce script's --out).
+"""An output folder the user cannot write to is refused (zenflow/harness/checks/arguments.py, every reproduce
+script's --out).
 
-The promises: cli_checks.py's docstring, "an output folder is checked (a writable folder, or one that can be
+The promises: checks/arguments.py's docstring, "an output folder is checked (a writable folder, or one that can be
 created)"; `folder_problem`: "it must be a writable folder, or creatable", with the messages "is a folder this user
 cannot write to" and "cannot be created: ... is not writable"; every bad input is one line on stderr with exit
 status 2. The tests run as root, where `os.access(..., W_OK)` is true for every folder, so write permission is
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness import cli_checks as cc
+from zenflow.harness.checks import arguments as cc
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The CUDA-vs-CPU differential (issue 11 item 5): the same seed, model and batches trained with ZenFlowAdamW on the
-GPU and on the CPU end within a stated tolerance (zenflow/harness/gpu_check.py: RTOL, ATOL and why). It is the test
+GPU and on the CPU end within a stated tolerance (zenflow/harness/checks/gpu.py: RTOL, ATOL and why). It is the test
 that catches stream races. On a CPU-only machine the comparison itself is proven: two CPU runs are bit-identical,
 and a run that trained on one different batch, or whose weight rows were overwritten once the way a race does it,
 is flagged."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from zenflow import ZenFlowAdamW
-from zenflow.harness import gpu_check as gc
+from zenflow.harness.checks import gpu as gc
 
 STEPS = 24
 WIDTHS = (96, 192, 192, 96)

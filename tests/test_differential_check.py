@@ -1,4 +1,5 @@
-"""The differential check's CPU part (zenflow/harness/differential.py, gpu-audit-2 F10): maxima reported separately
+"""The differential check's CPU part (zenflow/harness/checks/differential.py, gpu-audit-2 F10): maxima reported
+separately
 for column params, dense params and losses; host updates and moved columns counted per run; the stress case; the
 verdict, which fails on a negative control that passes. The CUDA-vs-CPU comparison itself and its races:
 tests/test_cuda_differential.py; the negative controls run on CUDA only, inside `make gpu-check`."""
@@ -7,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from zenflow.harness import differential as d
-from zenflow.harness.checks import control
+from zenflow.harness.checks import differential as d
+from zenflow.harness.checks.verdict import control
 from zenflow.link import Link
 
 STEPS = 8

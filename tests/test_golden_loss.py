@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.session import RunSpec, Session
 from zenflow.harness.workloads import Workload
 

@@ -22,10 +22,10 @@ import pynvml
 import pytest
 import torch
 
-from zenflow.harness import differential as diffmod
-from zenflow.harness import gpu_check as gc
-from zenflow.harness import pcie_check as pc
-from zenflow.harness.differential import Trained
+from zenflow.harness.checks import differential as diffmod
+from zenflow.harness.checks import gpu as gc
+from zenflow.harness.checks import pcie as pc
+from zenflow.harness.checks.differential import Trained
 from zenflow.telemetry import environment
 from zenflow.telemetry.nvml import NvmlSampler, nvml_snapshot, pci_bus_id
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from zenflow.harness import processes, runner, stepper
-from zenflow.harness.engines import deepspeed_config, make_engine, resolve_device
-from zenflow.harness.preflight import PreflightError, check_cuda_usable
+from zenflow.harness.checks.preflight import PreflightError, check_cuda_usable
+from zenflow.harness.engines.build import deepspeed_config, make_engine, resolve_device
 from zenflow.harness.records import RunRecord
-from zenflow.harness.report import MixedWorldSizeError, engine_rows, table
+from zenflow.harness.reports.scenario import MixedWorldSizeError, engine_rows, table
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 from zenflow.harness.workloads import Workload, WorkloadError, batches, build_model
 from zenflow.telemetry.timeline import StepTimeline

@@ -1,4 +1,4 @@
-"""The memory check's CPU-provable parts (zenflow/harness/memory_check.py, gpu-audit-2 F8): the bound, the verdict
+"""The memory check's CPU-provable parts (zenflow/harness/checks/memory.py, gpu-audit-2 F8): the bound, the verdict
 on synthetic peaks (pass, over the bound, and a negative control that stays within it), and the two hooks the
 GPU run uses: the slow-copy hook restores the Link, and disabling backpressure really unbounds what overlap mode
 holds (its CPU twin, tests/test_overlap_memory.py). The peaks themselves are measured on CUDA only, in
@@ -13,8 +13,8 @@ import weakref
 import torch
 
 from zenflow import ZenFlowAdamW
-from zenflow.harness import memory_check as mc
-from zenflow.harness.differential import SmallNet
+from zenflow.harness.checks import memory as mc
+from zenflow.harness.checks.differential import SmallNet
 
 MiB = 2**20
 

@@ -9,7 +9,7 @@ import pytest
 
 from zenflow.harness import memory_plan as mp
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES
-from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.runner import run_in_subprocess
 from zenflow.harness.session import RunSpec
 

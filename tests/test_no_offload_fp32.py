@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, TINY_LLAMA_SHAPE
-from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.runner import run_in_subprocess
 from zenflow.harness.session import RunSpec
 

@@ -1,4 +1,4 @@
-"""The `pcie` check's prediction and verdict (zenflow/harness/pcie_check.py), on synthetic counters: it passes on
+"""The `pcie` check's prediction and verdict (zenflow/harness/checks/pcie.py), on synthetic counters: it passes on
 counters our bytes explain, fails on each way our counting can be wrong (one kind uncounted, a direction swap on an
 asymmetric window, a double count), runs its negative controls, and says "not checked" when a 32-bit counter could
 have wrapped unseen. The sampler reads only the counters during the check (short gaps between reads)."""
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from zenflow.harness import pcie_check as pc
+from zenflow.harness.checks import pcie as pc
 from zenflow.telemetry.nvml import NvmlSampler
 
 # NVML bytes per payload byte of plain copies, in the spirit of the first H100 (PCIe 5 x16): writes out carry

@@ -1,4 +1,5 @@
-"""The engine registry (zenflow/harness/registry.py): one row per engine, and everything reads it. Adding an engine
+"""The engine registry (zenflow/harness/engines/registry.py): one row per engine, and everything reads it. Adding an
+engine
 is one class plus one row: a dummy engine registered here runs through the same path as the real ones (config, class,
 cycle, session, record, table order, memory plan), with no other file changed."""
 
@@ -11,12 +12,20 @@ import pytest
 import torch
 
 from zenflow.costmodel.validate import MODELLED_AS, VALIDATED
-from zenflow.harness import configs, memory_plan, registry
-from zenflow.harness.engines import TorchEngine, deepspeed_config, make_engine
+from zenflow.harness import configs, memory_plan
+from zenflow.harness.engines import registry
+from zenflow.harness.engines.build import TorchEngine, deepspeed_config, make_engine
+from zenflow.harness.engines.registry import (
+    ENGINE_SPECS,
+    EngineSpec,
+    engine_spec,
+    is_deepspeed,
+    not_deepspeed,
+    unavailable,
+)
 from zenflow.harness.glue.report import FAMILIES
 from zenflow.harness.records import RunRecord
-from zenflow.harness.registry import ENGINE_SPECS, EngineSpec, engine_spec, is_deepspeed, not_deepspeed, unavailable
-from zenflow.harness.report import engine_rank, engine_rows
+from zenflow.harness.reports.scenario import engine_rank, engine_rows
 from zenflow.harness.session import RunSpec, Session
 from zenflow.telemetry.timeline import StepTimeline
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness import plans, preflight, processes, runner
+from zenflow.harness import plans, processes, runner
+from zenflow.harness.checks import preflight
+from zenflow.harness.checks.preflight import PreflightError, check_build_locks, torch_extensions_dir
 from zenflow.harness.plans import PlannedRun, execute
-from zenflow.harness.preflight import PreflightError, check_build_locks, torch_extensions_dir
 from zenflow.harness.records import RunRecord
 from zenflow.harness.result_sets import PARTIAL, StagedPlan, same_run
 from zenflow.harness.session import RunSpec, Session
@@ -228,7 +229,7 @@ def test_a_record_whose_config_differs_only_by_a_resolved_auto_is_kept(tmp_path)
 def test_a_session_stores_the_config_as_asked_for_beside_the_engines_resolution(monkeypatch):
     """An engine that resolves its config (as Twin-Flow's does): the record's config is the resolution, its
     protocol.spec_config the spec's, and --resume matches the spec."""
-    from zenflow.harness import engines
+    from zenflow.harness.engines import build as engines
 
     real = engines.make_engine
 

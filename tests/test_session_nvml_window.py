@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.session import RunSpec, Session
 from zenflow.telemetry.nvml import NvmlSampler
 

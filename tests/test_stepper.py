@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness.engines import deepspeed_config
+from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.records import RunRecord
 from zenflow.harness.runner import RunSpec
 from zenflow.harness.stepper import SteppedEngine, StepperError

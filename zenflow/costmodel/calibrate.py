@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from zenflow.harness.cli_checks import int_at_least
+from zenflow.harness.checks.arguments import int_at_least
 from zenflow.harness.configs import TINY_LLAMA_SHAPE
 from zenflow.telemetry.neighbours import NeighbourWatch, wait_until_quiet
 
@@ -69,7 +69,7 @@ def _training_loop(w: Any, block: dict[str, Any] | None, threads: int, seqs: tup
     synchronous, selection once at the first step. The first WARMUP_STEPS steps (selection, allocation) are not used.
     Returns the median forward+backward per sequence length and the median step parts over all used steps: the
     optimizer's blocking sections from the record's `blocks_ms`, the rest of the optimizer step as "device"."""
-    from zenflow.harness.engines import deepspeed_config
+    from zenflow.harness.engines.build import deepspeed_config
     from zenflow.harness.session import RunSpec, Session
 
     engine = "no-offload" if block is None else "ref-zenflow"

@@ -7,7 +7,7 @@ reproduction, benchmark and check runs with it.
 
 from __future__ import annotations
 
-from zenflow.harness.registry import (  # noqa: F401  (the engines' own constants, re-exported: one place to import)
+from zenflow.harness.engines.registry import (  # noqa: F401  (the engines' own constants, re-exported: one place to import)
     DEVICE_FP32_BLOCK,
     OFFLOAD_BLOCK,
     TWIN_FLOW_RATIO,

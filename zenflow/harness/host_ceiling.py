@@ -10,7 +10,7 @@ host step). From them, per step and per parameter:
     ZenFlow host work       ≥ (1 − topk) · P · (1/accumulate_worker + 1/(U · adamw_worker))   (in the background)
 
 ZenFlow's step cannot be shorter than its host work, so the measured ZeRO-Offload step divided by that bound is the
-largest speedup this host allows: the ceiling printed next to the measured speedup (report.py).
+largest speedup this host allows: the ceiling printed next to the measured speedup (reports/scenario.py).
 
     python -m zenflow.harness.host_ceiling --out build/llama7b/llama2-7b-8L     # -> <out>/host/rates.json
 """

@@ -27,18 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.local_inputs import model_folder
-from zenflow.harness.registry import (  # noqa: F401  (our_host_bytes, pow2: re-exported, the tests read them here)
+from zenflow.harness.engines.registry import (  # noqa: F401  (our_host_bytes, pow2: re-exported, the tests read them here)
     MemoryInputs,
     engine_spec,
     is_deepspeed,
     our_host_bytes,
     pow2,
 )
+from zenflow.harness.local_inputs import model_folder
 
 GiB = 2**30
 CUDA_CONTEXT = GiB  # host memory of a CUDA context and its libraries (planning a GPU host from a CPU one)
-NEEDS = "needs ~"  # how every verdict of fits() starts: report.py tells a "does not fit" skip by it
+NEEDS = "needs ~"  # how every verdict of fits() starts: reports/scenario.py tells a "does not fit" skip by it
 WINDOW_S = 570  # one command of a device window: 10 minutes, less a margin for start-up and the copy back
 HEADROOM = 0.95  # a run may use this share of what is available (the rest: page cache, fragmentation, the parent)
 DEFAULT_MARGIN = 0.75  # the default --layers leaves a quarter of host and device free: estimates can be 25% low
@@ -229,7 +229,7 @@ def fits(need: Need, host: Host, headroom: float = HEADROOM) -> str | None:
 def process_base_bytes(engines: list[str], cuda: bool) -> int:
     """Measured: the peak resident set of a fresh interpreter that imports what a run child imports (and starts
     CUDA where the runs will), the part of every run's host memory that does not depend on the model."""
-    imports = ("import torch, transformers, zenflow.harness.session, zenflow.harness.engines\n"
+    imports = ("import torch, transformers, zenflow.harness.session, zenflow.harness.engines.build\n"
                "from transformers import LlamaForCausalLM")
     if any(is_deepspeed(e) for e in engines):
         imports += "\ntry:\n    import deepspeed\nexcept Exception:\n    pass"

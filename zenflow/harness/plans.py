@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.cli_checks import refuse
+from zenflow.harness.checks.arguments import refuse
 from zenflow.harness.records import RunRecord, read_records
 from zenflow.harness.result_sets import StagedPlan
 from zenflow.harness.runner import run_in_subprocess

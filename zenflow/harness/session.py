@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from zenflow.harness.engines.registry import engine_spec, is_deepspeed
 from zenflow.harness.processes import bind_rank_cores
 from zenflow.harness.records import RunRecord, summarize_steps
-from zenflow.harness.registry import engine_spec, is_deepspeed
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Session:
     def __init__(self, spec: RunSpec) -> None:
         import torch
 
-        from zenflow.harness.engines import init_warnings, make_engine
+        from zenflow.harness.engines.build import init_warnings, make_engine
         from zenflow.telemetry.nvml import NvmlSampler
         from zenflow.telemetry.timeline import StepTimeline
 

@@ -15,12 +15,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness import tables
 from zenflow.harness.configs import ENGINES, GLUE_BLOCK
+from zenflow.harness.engines.registry import ENGINE_SPECS
 from zenflow.harness.glue.data import get_task, metric_name
 from zenflow.harness.records import RunRecord
-from zenflow.harness.registry import ENGINE_SPECS
-from zenflow.harness.report import engine_rank, runs_hardware_label
+from zenflow.harness.reports import tables
+from zenflow.harness.reports.scenario import engine_rank, runs_hardware_label
 
 LABELS = {"deepspeed": "DeepSpeed", "ours": "ours"}
 # Per family, its ZenFlow engine and the offload engine it is held to (the registry's stall baseline), in table order.
@@ -235,7 +235,7 @@ def describe_runs(ok: list[RunRecord]) -> tuple[list[str], str]:
             f"{sorted({r.workload.get('seed') for r in ok})}. Parity: |ZenFlow − ZeRO-Offload| ≤ max(1.0, 2 × the "
             "larger seed std)."] + (
             ["**Diagnostic run: ds-zenflow ran with DeepSpeed 0.19.8's weight view repaired (divergence G, "
-             "zenflow/harness/ds_divergences.py); it is not DeepSpeed as shipped.**"]
+             "zenflow/harness/engines/ds_divergences.py); it is not DeepSpeed as shipped.**"]
             if any(r.protocol.get("ds_repair_weight_view") for r in ok) else []) + [""], name
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from zenflow.harness.engines.registry import is_deepspeed
 from zenflow.harness.glue.data import Examples, GlueError, Task, compute_metrics, get_task, load_split, task_score
-from zenflow.harness.registry import is_deepspeed
 from zenflow.harness.workloads import DTYPES, WorkloadError
 
 GLUE_DEFAULTS = {"kind": "glue", "task": "SST-2", "model": None, "glue_dir": None, "strict": False,

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from zenflow.harness.engine_classes import Engine, fingerprints, join_ranks, model_inputs
+from zenflow.harness.engines.classes import Engine, fingerprints, join_ranks, model_inputs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

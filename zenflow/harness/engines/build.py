@@ -5,8 +5,8 @@
 
 Every engine gets the same DeepSpeed-style config dict (optimizer params, clipping, dtype, its ZeRO and ZenFlow
 blocks), so the reference engines read exactly what DeepSpeed reads. What each engine is (its class, its blocks, its
-update cycle) is its registry row; the classes are in engine_classes.py (ours, DeepSpeed's, the bound) and
-peer_engines.py (the PyTorch peers); docs/peers.md describes each engine.
+update cycle) is its registry row; the classes are in classes.py (ours, DeepSpeed's, the bound) and
+peers.py (the PyTorch peers); docs/peers.md describes each engine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from zenflow.harness.engine_classes import (
+from zenflow.harness.engines.classes import (
     DeepSpeedEngine,
     Engine,
     NoOffloadEngine,
@@ -24,7 +24,7 @@ from zenflow.harness.engine_classes import (
     resolve_device,
     weight_fingerprints,
 )
-from zenflow.harness.registry import engine_spec, resolve_sub_groups
+from zenflow.harness.engines.registry import engine_spec, resolve_sub_groups
 from zenflow.telemetry.timeline import StepTimeline
 
 __all__ = ["DeepSpeedEngine", "Engine", "NoOffloadEngine", "TorchEngine", "deepspeed_config", "fingerprints",

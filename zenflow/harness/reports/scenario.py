@@ -12,9 +12,9 @@ from tabulate import tabulate
 
 from zenflow.harness import host_ceiling
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, PEER_ENGINES
+from zenflow.harness.engines.registry import ASKED, ENGINE_SPECS, engine_names, zenflow_engines
 from zenflow.harness.memory_plan import NEEDS
 from zenflow.harness.records import RunRecord, skip_reason
-from zenflow.harness.registry import ASKED, ENGINE_SPECS, engine_names, zenflow_engines
 
 BASELINE = "ds-zero-offload"  # every engine's speedup; a ZenFlow engine's stall: its row's stall_baseline
 COLUMNS = ("engine", "runs", "median step ms", "cycle mean ms", "accumulate step ms", "update step ms",

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from zenflow import ZenFlowAdamW
-from zenflow.harness.checks import NOT_RUN, blind_spots, check, control
-from zenflow.harness.differential import CASES, DIFF_HYPER, SmallNet, make_batches
+from zenflow.harness.checks.differential import CASES, DIFF_HYPER, SmallNet, make_batches
+from zenflow.harness.checks.verdict import NOT_RUN, blind_spots, check, control
 
 DIRECTIONS = ("d2h", "h2d")
 COUNTERS = {"d2h": "tx_bytes", "h2d": "rx_bytes"}  # the GPU's end of the link: TX = device to host

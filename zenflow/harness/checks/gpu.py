@@ -2,11 +2,11 @@
 
     environment  driver, torch and its CUDA build, the run's GPUs and their PCIe link, NVML counter support
     differential the same seed, model and batches trained on CUDA and on the CPU agree (differential.py)
-    memory       extra device memory of overlap vs sync <= its bound (memory_check.py)
-    pcie         NVML's PCIe byte counters of the run's own GPU vs the optimizer's byte counters (pcie_check.py)
+    memory       extra device memory of overlap vs sync <= its bound (memory.py)
+    pcie         NVML's PCIe byte counters of the run's own GPU vs the optimizer's byte counters (pcie.py)
     engines      every engine on a small Llama through the harness, with the compute / I/O / stall breakdown
 
-Every check ends as "pass", "fail" or "not checked" with the reason; nothing is skipped silently (checks.py). The
+Every check ends as "pass", "fail" or "not checked" with the reason; nothing is skipped silently (verdict.py). The
 record and table are written after every check (`save_record`), so a command killed midway leaves the checks it
 finished. Rendering of the table and figure is at the end; `reproduce/gpu_check.py` is the command line.
 """
@@ -19,9 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.checks import check, guarded, pending, verdict  # noqa: F401  (verdict, guarded: re-exported)
-from zenflow.harness.configs import CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK, SHAPES
-from zenflow.harness.differential import (  # noqa: F401  (re-exported: tests/test_cuda_differential.py reads them here)
+from zenflow.harness.checks.differential import (  # noqa: F401  (re-exported: tests/test_cuda_differential.py reads them here)
     ATOL,
     CASES,
     CUDA_WIDTHS,
@@ -34,9 +32,11 @@ from zenflow.harness.differential import (  # noqa: F401  (re-exported: tests/te
     make_batches,
     train_case,
 )
-from zenflow.harness.memory_check import memory_check, memory_verdict, unselected_bound_bytes  # noqa: F401
-from zenflow.harness.registry import is_deepspeed
-from zenflow.harness.tables import write_text_atomic
+from zenflow.harness.checks.memory import memory_check, memory_verdict, unselected_bound_bytes  # noqa: F401
+from zenflow.harness.checks.verdict import check, guarded, pending, verdict  # noqa: F401  (verdict, guarded: re-exported)
+from zenflow.harness.configs import CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK, SHAPES
+from zenflow.harness.engines.registry import is_deepspeed
+from zenflow.harness.reports.tables import write_text_atomic
 
 SCHEMA = "gpu-check/2"
 CHECK_NAMES = ("environment", "differential", "memory", "pcie", "engines")
@@ -110,7 +110,7 @@ def run_engines(plan: list, out: Path, cuda: bool, timeout_s: float = 300,
     """Each run in a fresh process (zenflow.harness.runner); DeepSpeed engines say "not installed" without it.
     `timeout_s` per run: a hung run becomes a failed record, not a hung check. `on_row(rows)` after every run (the
     command saves its record there, so a kill mid-check keeps the finished runs)."""
-    from zenflow.harness.engines import deepspeed_config
+    from zenflow.harness.engines.build import deepspeed_config
     from zenflow.harness.records import RunRecord
     from zenflow.harness.runner import RunSpec, run_in_subprocess
 

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import torch
 
-from zenflow.harness.engine_classes import DeepSpeedEngine, Engine, NoOffloadEngine, TorchEngine
-from zenflow.harness.peer_engines import FSDP2Engine, TorchAOEngine
+from zenflow.harness.engines.classes import DeepSpeedEngine, Engine, NoOffloadEngine, TorchEngine
+from zenflow.harness.engines.peers import FSDP2Engine, TorchAOEngine
 from zenflow.host import host_bytes
 from zenflow.selection import num_selected
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from zenflow import ZenFlowAdamW
-from zenflow.harness.checks import blind_spots, check, control
+from zenflow.harness.checks.verdict import blind_spots, check, control
 from zenflow.link import Link
 from zenflow.state import column_states
 

@@ -1,6 +1,6 @@
 """The engine classes: the Engine interface, our torch loop (ZenFlowAdamW, or torch AdamW for the bound) and
-DeepSpeed's engines. The PyTorch peers are in peer_engines.py; which engine runs which class, with which config and
-update cycle, is its row in registry.py, and engines.py builds it (make_engine).
+DeepSpeed's engines. The PyTorch peers are in peers.py; which engine runs which class, with which config and
+update cycle, is its row in registry.py, and build.py builds it (make_engine).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class DeepSpeedEngine(Engine):
 
         single_process_env()
         if self.repair_weight_view:
-            from zenflow.harness.ds_divergences import repair_zenflow_weight_view
+            from zenflow.harness.engines.ds_divergences import repair_zenflow_weight_view
 
             repair_zenflow_weight_view()  # opt-in diagnosis of divergence G, recorded in the run's protocol
         if not torch.distributed.is_initialized():

@@ -24,8 +24,8 @@ from unittest import mock
 import torch
 
 from zenflow import ZenFlowAdamW
-from zenflow.harness.checks import blind_spots, check, control
-from zenflow.harness.differential import DIFF_HYPER, SmallNet, make_batches
+from zenflow.harness.checks.differential import DIFF_HYPER, SmallNet, make_batches
+from zenflow.harness.checks.verdict import blind_spots, check, control
 from zenflow.host import HostWorker
 from zenflow.link import Link
 from zenflow.selection import num_selected

@@ -1,0 +1,1 @@
+"""Checks before and around runs: argument checks, preflight, and the checks of `make gpu-check`."""

@@ -1,0 +1,1 @@
+"""Tables, figures and the claims table, made from run records only."""
