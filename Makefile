@@ -77,11 +77,11 @@ gpu-check: install
 project: install
 	$(PY) reproduce/project.py $(ARGS)
 
-# The claims table of results/README.md, rewritten from the committed tables (zenflow/harness/reports/claims.py); run it
+# The claims table of results/README.md, rewritten from the committed tables (zenflow/reports/claims.py); run it
 # after a reproduction changed one of them (tests/test_claims.py fails until then).
 .PHONY: claims
 claims: install
-	$(PY) -m zenflow.harness.reports.claims
+	$(PY) -m zenflow.reports.claims
 
 # Is ZenFlow's GLUE deficit ZenFlow's or the budget's? 3 epochs, and the staleness knobs (update interval, topk) at
 # the default budget, 3 seeds each, beside `make reproduce-glue`'s runs (≈75 min; results/glue/<hw>/study/; docs/glue.md)

@@ -34,11 +34,11 @@ from zenflow.harness.checks import arguments as cc
 from zenflow.harness.configs import CORE_ENGINES, ENGINES, GLUE_BLOCK, GLUE_TRAIN_EXAMPLES
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.glue.data import GlueError
-from zenflow.harness.glue.report import FAMILIES, parity_report
 from zenflow.harness.glue.workload import BAD_INPUT, check_inputs
 from zenflow.harness.plans import PlannedRun, execute, report_existing
 from zenflow.harness.session import RunSpec
 from zenflow.harness.workloads import WorkloadError
+from zenflow.reports.glue import FAMILIES, parity_report
 from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@
 
 Each setting is its own result set, made by reproduce/glue.py, in results/glue/<hardware-id>/study/<setting>/; a
 finished setting is kept, an unfinished one is resumed. The report (deficits with paired 95% intervals, a verdict
-per setting, table.md/.csv and figure.png in study/) reads records only (zenflow/harness/glue/study.py, docs/glue.md).
+per setting, table.md/.csv and figure.png in study/) reads records only (zenflow/reports/glue_study.py, docs/glue.md).
 
     make reproduce-glue-study                                   # ≈75 min on a quiet 2-core machine
     python reproduce/glue_study.py --settings budget-3-epochs    # one setting
@@ -26,9 +26,9 @@ from pathlib import Path
 from glue import main as glue_main  # reproduce/glue.py (this script runs from reproduce/)
 
 from zenflow.harness.checks import arguments as cc
-from zenflow.harness.glue.study import SETTINGS, study_report
 from zenflow.harness.records import read_records
 from zenflow.harness.result_sets import PARTIAL
+from zenflow.reports.glue_study import SETTINGS, study_report
 from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from any folder
 
-from zenflow.harness import host_ceiling  # noqa: E402
+from zenflow.costmodel import host_ceiling  # noqa: E402
 from zenflow.harness import memory_plan as mp  # noqa: E402
 from zenflow.harness.checks import arguments as cc  # noqa: E402
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES  # noqa: E402
@@ -107,7 +107,7 @@ def commands(args: argparse.Namespace) -> list[list[str]]:
     """The sequence: the plan, one command per group of engines, the merged report."""
     script = [args.python, str(ROOT / "reproduce" / "llama7b.py"), *common_args(args)]
     out = ["--out", str(args.out)]
-    ceiling = [args.python, "-m", "zenflow.harness.host_ceiling", "--out", str(args.out),
+    ceiling = [args.python, "-m", "zenflow.costmodel.host_ceiling", "--out", str(args.out),
                *(["--numel", str(2**20)] if args.rehearsal else [])]  # the host's rates, beside the speedup
     sequence = [[*script, "--plan"], ceiling]
     seconds = run_seconds(args)

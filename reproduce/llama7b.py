@@ -41,8 +41,8 @@ from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES, T
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import is_deepspeed, needs_async_io
 from zenflow.harness.plans import PlannedRun, execute, report_existing
-from zenflow.harness.reports.scenario import scenario_report
 from zenflow.harness.session import RunSpec
+from zenflow.reports.scenario import scenario_report
 from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]

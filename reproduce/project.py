@@ -9,7 +9,8 @@ projection.md/.csv/.png (PROJECTED GPU step times beside the paper's Figure 1 va
 projection as a band over host assumptions, and at the same update frequency), inverse.md/.json (the inputs the
 published step times imply) and sensitivity.png (speedup against the host/compute ratio, published points on it).
 host-adam.json (DeepSpeed's CPU Adam beside torch's, `python -m zenflow.costmodel.host_adam`) is read when present.
-The logic lives in zenflow/costmodel/ (validate.py, projection.py, inverse.py, sensitivity.py, tables.py).
+The logic lives in zenflow/costmodel/ (validate.py, projection.py, inverse.py,
+sensitivity.py); its tables and figures in zenflow/reports/costmodel.py.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from pathlib import Path
 
 from zenflow.costmodel.presets import load_calibration
 from zenflow.costmodel.projection import projection, write_falsifiable
-from zenflow.costmodel.tables import projection_figure, validation_figure, write_projection, write_validation
 from zenflow.costmodel.validate import EXTRA_SEQS, run_validation, validation
 from zenflow.harness.checks import arguments as cc
 from zenflow.harness.configs import ENGINES
+from zenflow.reports.costmodel import projection_figure, validation_figure, write_projection, write_validation
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@
     make reproduce-llama7b ARGS="--out results/llama7b/<hw>/nproc-1"     # the same session's 1-rank runs
     python reproduce/scaling.py                                          # table.md, figure.png in results/scaling/<hw>/
 
-Reads records only (zenflow/harness/reports/scaling.py); runs nothing. docs/distributed.md.
+Reads records only (zenflow/reports/scaling.py); runs nothing. docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from zenflow.harness.checks import arguments as cc
 from zenflow.harness.records import read_records
-from zenflow.harness.reports.scaling import scaling_report
+from zenflow.reports.scaling import scaling_report
 from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]

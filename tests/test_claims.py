@@ -1,4 +1,4 @@
-"""The claims table of results/README.md is generated from the committed tables (zenflow/harness/reports/claims.py): it
+"""The claims table of results/README.md is generated from the committed tables (zenflow/reports/claims.py): it
 regenerates byte for byte, every entry reads only the files it names, and a missing file fails loudly."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness.reports import claims
-from zenflow.harness.reports.claims import CLAIMS, RESULTS, ClaimError
+from zenflow.reports import claims
+from zenflow.reports.claims import CLAIMS, RESULTS, ClaimError
 
 README = RESULTS / "README.md"
 
@@ -26,7 +26,7 @@ def test_claims_table_regenerates_byte_identical() -> None:
     text = README.read_text()
     assert text.count(claims.BEGIN) == 1 and text.count(claims.END) == 1
     assert claims.replace_block(text, claims.block()) == text, \
-        "results/README.md's claims table differs from the committed tables: python -m zenflow.harness.reports.claims"
+        "results/README.md's claims table differs from the committed tables: python -m zenflow.reports.claims"
     assert claims.main(["--check"]) == 0
 
 

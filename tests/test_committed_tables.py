@@ -10,14 +10,14 @@ import pytest
 
 from zenflow.costmodel.presets import load_calibration
 from zenflow.costmodel.projection import projection, write_falsifiable
-from zenflow.costmodel.tables import write_projection, write_validation
 from zenflow.costmodel.validate import validation
 from zenflow.harness.checks import gpu as gpu_check
-from zenflow.harness.glue.report import parity_report
-from zenflow.harness.glue.study import SETTINGS, study_report
 from zenflow.harness.records import read_records
-from zenflow.harness.reports.scaling import scaling_report
-from zenflow.harness.reports.scenario import scenario_report
+from zenflow.reports.costmodel import write_projection, write_validation
+from zenflow.reports.glue import parity_report
+from zenflow.reports.glue_study import SETTINGS, study_report
+from zenflow.reports.scaling import scaling_report
+from zenflow.reports.scenario import scenario_report
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 NO_ENV: dict = {}  # the hardware label comes from the records themselves

@@ -20,10 +20,10 @@ from zenflow.harness.glue.data import (
     read_tsv,
     task_score,
 )
-from zenflow.harness.glue.report import init_warning_lines, markdown, speedups, summarize, verdict_lines
 from zenflow.harness.glue.workload import check_model, default_model, subsample
 from zenflow.harness.records import RunRecord
 from zenflow.harness.workloads import WorkloadError
+from zenflow.reports.glue import init_warning_lines, markdown, speedups, summarize, verdict_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "reproduce"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness.glue.study import budget, deficits, paired, reproduced, study_report, study_rows, t975, verdict
 from zenflow.harness.records import RunRecord, read_records
+from zenflow.reports.glue_study import budget, deficits, paired, reproduced, study_report, study_rows, t975, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "reproduce"))

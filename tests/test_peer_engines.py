@@ -15,9 +15,9 @@ from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAM
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import unavailable
 from zenflow.harness.records import RunRecord
-from zenflow.harness.reports.scenario import engine_rows, regime_notes, table
 from zenflow.harness.runner import run_in_subprocess
 from zenflow.harness.session import RunSpec
+from zenflow.reports.scenario import engine_rows, regime_notes, table
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"model": "cpu-scale", "dtype": "fp32", "seq_len": 16, "micro_batch": 1, "data": "synthetic", "device": "cpu",

@@ -23,10 +23,10 @@ from zenflow.harness.engines.registry import (
     not_deepspeed,
     unavailable,
 )
-from zenflow.harness.glue.report import FAMILIES
 from zenflow.harness.records import RunRecord
-from zenflow.harness.reports.scenario import engine_rank, engine_rows
 from zenflow.harness.session import RunSpec, Session
+from zenflow.reports.glue import FAMILIES
+from zenflow.reports.scenario import engine_rank, engine_rows
 from zenflow.telemetry.timeline import StepTimeline
 
 ROOT = Path(__file__).resolve().parents[1]

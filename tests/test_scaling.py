@@ -1,4 +1,4 @@
-"""The scaling report (zenflow/harness/reports/scaling.py): rates per world size from records, and the bytes of one
+"""The scaling report (zenflow/reports/scaling.py): rates per world size from records, and the bytes of one
 selection
 (counted and computed), checked against numbers worked out by hand."""
 
@@ -12,7 +12,7 @@ import pytest
 from zenflow.costmodel.model import selection_exchange_bytes
 from zenflow.costmodel.presets import model_columns, model_counts
 from zenflow.harness.records import RunRecord
-from zenflow.harness.reports.scaling import scaling_report, scaling_rows, selection_rows
+from zenflow.reports.scaling import scaling_report, scaling_rows, selection_rows
 from zenflow.telemetry.environment import capture_environment
 
 

@@ -39,7 +39,7 @@ def write_falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], out: Path,
     calibration, this machine's host-adam.json (when there is one) and the validation rows; returns inverse.json."""
     from zenflow.costmodel import host_adam, inverse
     from zenflow.costmodel import sensitivity as sens
-    from zenflow.costmodel.tables import sensitivity_figure, write_band, write_inverse
+    from zenflow.reports.costmodel import sensitivity_figure, write_band, write_inverse
 
     record = host_adam.load_host_adam(host_adam_record or out / "host-adam.json")
     deepspeed_per_core = host_adam.per_core_ratio(record)

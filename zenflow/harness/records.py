@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.reports.tables import write_json_atomic
+from zenflow.harness.tables import write_json_atomic
 
 SCHEMA_VERSION = 1
 

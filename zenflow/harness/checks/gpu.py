@@ -36,7 +36,7 @@ from zenflow.harness.checks.memory import memory_check, memory_verdict, unselect
 from zenflow.harness.checks.verdict import check, guarded, pending, verdict  # noqa: F401  (verdict, guarded: re-exported)
 from zenflow.harness.configs import CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK, SHAPES
 from zenflow.harness.engines.registry import is_deepspeed
-from zenflow.harness.reports.tables import write_text_atomic
+from zenflow.harness.tables import write_text_atomic
 
 SCHEMA = "gpu-check/2"
 CHECK_NAMES = ("environment", "differential", "memory", "pcie", "engines")

@@ -15,12 +15,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from zenflow.harness import tables
 from zenflow.harness.configs import ENGINES, GLUE_BLOCK
 from zenflow.harness.engines.registry import ENGINE_SPECS
 from zenflow.harness.glue.data import get_task, metric_name
 from zenflow.harness.records import RunRecord
-from zenflow.harness.reports import tables
-from zenflow.harness.reports.scenario import engine_rank, runs_hardware_label
+from zenflow.reports.scenario import engine_rank, runs_hardware_label
 
 LABELS = {"deepspeed": "DeepSpeed", "ours": "ours"}
 # Per family, its ZenFlow engine and the offload engine it is held to (the registry's stall baseline), in table order.

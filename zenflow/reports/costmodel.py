@@ -10,7 +10,7 @@ from zenflow.costmodel.presets import GPUS, host_rates_per_core
 from zenflow.costmodel.projection import PAPER
 from zenflow.costmodel.validate import QUIET, runs_source
 from zenflow.harness.engines.registry import is_deepspeed
-from zenflow.harness.reports.tables import fmt, markdown, pyplot, write_csv
+from zenflow.harness.tables import fmt, markdown, pyplot, write_csv
 
 
 def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from zenflow.harness import host_ceiling
+from zenflow.costmodel import host_ceiling
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, PEER_ENGINES
 from zenflow.harness.engines.registry import ASKED, ENGINE_SPECS, engine_names, zenflow_engines
 from zenflow.harness.memory_plan import NEEDS

@@ -16,8 +16,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from zenflow.harness.glue.report import AVERAGE, scores
 from zenflow.harness.records import RunRecord
+from zenflow.reports.glue import AVERAGE, scores
 
 # Each setting: the reproduce/glue.py arguments that make it (seeds 0 1 2 and the default data are glue.py's).
 OURS = ["--engines", "ref-offload", "ref-zenflow"]

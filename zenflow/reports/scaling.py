@@ -12,7 +12,7 @@ from tabulate import tabulate
 from zenflow.costmodel.model import selection_exchange_bytes
 from zenflow.costmodel.presets import model_columns, model_counts
 from zenflow.harness.records import RunRecord
-from zenflow.harness.reports.scenario import engine_rank, run_world_size, runs_hardware_label
+from zenflow.reports.scenario import engine_rank, run_world_size, runs_hardware_label
 
 LINK_KEYS = ("_grads", "_params")  # device<->host bytes (PCIe on a GPU), per rank
 

@@ -12,7 +12,7 @@ host step). From them, per step and per parameter:
 ZenFlow's step cannot be shorter than its host work, so the measured ZeRO-Offload step divided by that bound is the
 largest speedup this host allows: the ceiling printed next to the measured speedup (reports/scenario.py).
 
-    python -m zenflow.harness.host_ceiling --out build/llama7b/llama2-7b-8L     # -> <out>/host/rates.json
+    python -m zenflow.costmodel.host_ceiling --out build/llama7b/llama2-7b-8L     # -> <out>/host/rates.json
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def load(folder: Path) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m zenflow.harness.host_ceiling", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m zenflow.costmodel.host_ceiling", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help=f"the result set's folder (the record goes to {FILE})")
     ap.add_argument("--numel", type=int, default=32 * 2**20, help="elements per measured buffer (default 32M)")
     args = ap.parse_args(argv)

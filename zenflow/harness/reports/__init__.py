@@ -1,1 +1,0 @@
-"""Tables, figures and the claims table, made from run records only."""
