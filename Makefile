@@ -78,7 +78,7 @@ project: install
 	$(PY) reproduce/project.py $(ARGS)
 
 # The claims table of results/README.md, rewritten from the committed tables (zenflow/reports/claims.py); run it
-# after a reproduction changed one of them (tests/test_claims.py fails until then).
+# after a reproduction changed one of them (tests/reports/test_claims.py fails until then).
 .PHONY: claims
 claims: install
 	$(PY) -m zenflow.reports.claims

@@ -19,15 +19,11 @@ from typing import Any
 
 import pytest
 
+from zenflow.telemetry.environment import capture_environment, visible_gpus
+
 DEFAULT_STORAGE = "file://./.benchmarks"  # pytest-benchmark's own default
 _ENV: dict[str, Any] = {}
 _LOAD_AT_START: list[float] = []  # 1/5/15-minute load averages when the session began
-
-
-def capture_environment() -> dict[str, Any]:
-    from zenflow.telemetry.environment import capture_environment as capture
-
-    return capture()
 
 
 def environment() -> dict[str, Any]:
@@ -39,8 +35,6 @@ def environment() -> dict[str, Any]:
 
 def machine_facts(env: dict[str, Any]) -> dict[str, Any]:
     """The keys added to pytest-benchmark's machine_info (flat, so they show in its JSON at a glance)."""
-    from zenflow.telemetry.environment import visible_gpus
-
     nvml = env.get("nvml") or {}
     devices = visible_gpus(env)  # the GPUs this run uses, in torch's order (not every GPU on the host: audit 13)
     names = [d.get("name") for d in devices]

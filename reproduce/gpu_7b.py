@@ -11,7 +11,7 @@ machine keeps (build/, ignored by git); the last step merges the records into on
     python reproduce/gpu_7b.py                   # every command in order (make gpu-7b)
     python reproduce/gpu_7b.py --publish results/llama7b/<hardware-id>/llama2-7b-8L   # copy records and table there
 
-`--rehearsal` is the CPU dress rehearsal of the same sequence at a tiny shape (tests/test_gpu_7b_sequence.py).
+`--rehearsal` is the CPU dress rehearsal of the same sequence at a tiny shape (tests/reproduce/test_gpu_7b_sequence.py).
 """
 
 from __future__ import annotations

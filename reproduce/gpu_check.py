@@ -30,8 +30,8 @@ from zenflow.harness.checks.pcie import pcie_check
 from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
-# Test hook (tests/test_gpu_check.py): SIGKILL this process right after the record holds this many checks, as a
-# command's time limit would.
+# Test hook (tests/harness/checks/test_gpu_check.py): SIGKILL this process right after the record holds this many
+# checks, as a command's time limit would.
 KILL_AFTER = "ZENFLOW_GPU_CHECK_KILL_AFTER"
 LLAMA7B_HELP = ("instead of the base checks, every core engine at Llama-2-7B's layer shapes (hidden 4096, "
                 "intermediate 11008, 32 heads, vocab 32000), 8 of its 32 layers, random weights, 2 + 4 steps; its own "

@@ -20,18 +20,23 @@ import sys
 from pathlib import Path
 
 from zenflow.costmodel.presets import load_calibration
-from zenflow.costmodel.projection import projection, write_falsifiable
+from zenflow.costmodel.projection import projection
 from zenflow.costmodel.validate import EXTRA_SEQS, run_validation, validation
 from zenflow.harness.checks import arguments as cc
 from zenflow.harness.configs import ENGINES
-from zenflow.reports.costmodel import projection_figure, validation_figure, write_projection, write_validation
+from zenflow.reports.costmodel import (
+    projection_figure,
+    validation_figure,
+    write_falsifiable,
+    write_projection,
+    write_validation,
+)
+from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zenflow.telemetry.environment import capture_environment
-
     ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])  # every argument checked before any run
     ap.add_argument("--no-calibrate", action="store_true", help="reuse the committed calibration record")
     ap.add_argument("--run-validation", action="store_true", help="rerun the cpu-scale runs at --seqs first")

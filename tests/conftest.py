@@ -1,4 +1,69 @@
+"""Shared fixtures. tests/support/ (helpers, ds_helpers, the data-parallel rank scripts) is put on sys.path, so tests
+import those modules by name (`from helpers import Interleaved`) from any folder.
+
+The factories are stateless and session-scoped, so Hypothesis tests and module-scoped fixtures can use them too;
+module-level helper functions (not tests) import the same functions from tests/support/helpers.py."""
+
+from __future__ import annotations
+
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
+import pytest
+
+SUPPORT = os.path.join(os.path.dirname(__file__), "support")
+sys.path.insert(0, SUPPORT)
+
+from helpers import feed as _feed  # noqa: E402
+from helpers import zenflow as _zenflow  # noqa: E402
+
+# The tiny cpu-scale Llama most harness tests run: one layer of width 32, 8 tokens a step.
+TINY_WORKLOAD = {"model": "cpu-scale", "dtype": "fp32", "seq_len": 8, "hidden": 32, "layers": 1, "intermediate": 64,
+                 "heads": 2}
+# The ZenFlow block a run_spec gets unless the test names its own.
+TINY_BLOCK = {"topk_ratio": 0.1, "update_interval": 2}
+
+
+@pytest.fixture
+def tiny_workload() -> dict:
+    """The tiny cpu-scale workload, a fresh dict for each test (tests add keys: data, device, ...)."""
+    return dict(TINY_WORKLOAD)
+
+
+@pytest.fixture(scope="session")
+def run_spec():
+    """Factory: `run_spec(engine, **over)` is the RunSpec of one run of `engine`, its DeepSpeed config built as the
+    harness builds it (`deepspeed_config`, micro-batch 1, cuda=False), progress off.
+
+    block, dtype, lr, weight_decay, clipping: deepspeed_config's (defaults TINY_BLOCK, fp32, 1e-3, 0.0, 1.0);
+    workload: the whole workload dict (default: a copy of TINY_WORKLOAD); label: the spec's label ("test");
+    every other keyword is a RunSpec field (warmup_steps, timed_steps, threads, num_gpus, telemetry, ...)."""
+    from zenflow.harness.engines.build import deepspeed_config
+    from zenflow.harness.session import RunSpec
+
+    def make(engine: str, *, block: dict | None = None, dtype: str = "fp32", lr: float = 1e-3,
+             weight_decay: float = 0.0, clipping: float = 1.0, workload: dict | None = None, label: str = "test",
+             **fields) -> RunSpec:
+        cfg = deepspeed_config(engine, TINY_BLOCK if block is None else block, dtype, 1, lr=lr,
+                               weight_decay=weight_decay, clipping=clipping, cuda=False)
+        fields.setdefault("progress", False)
+        return RunSpec(engine=engine, label=label, workload=dict(TINY_WORKLOAD) if workload is None else workload,
+                       ds_config=cfg, **fields)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def zenflow_opt():
+    """Factory: `zenflow_opt(model, **block)` is ZenFlowAdamW over `model`'s parameters (tests/support/helpers.py:
+    `zenflow`): lr 1e-2, weight decay 0.1 and select_interval 10 000 unless given; betas, eps, gradient_clipping and
+    skip_nonfinite go to the optimizer, every other keyword to the zenflow block."""
+    return _zenflow
+
+
+@pytest.fixture(scope="session")
+def feed():
+    """The step loop: `feed(model, opt, grads)` sets each step's gradients (one list per step) on `model`'s
+    parameters, steps `opt` and zeroes the gradients (zero_grad=False: not); record=True returns the parameters
+    after every step (tests/support/helpers.py: `feed`)."""
+    return _feed

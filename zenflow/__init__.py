@@ -2,7 +2,7 @@
 
 `import zenflow` imports torch and the standard library, nothing else (`pip install .` installs only torch).
 `zenflow.harness`, `zenflow.telemetry` and `zenflow.bench_compare` need the `[harness]` extra and are never imported
-from here (tests/test_library_only_torch.py).
+from here (tests/project/test_library_only_torch.py).
 """
 
 from zenflow.config import ConfigError, ZenFlowConfig, load_deepspeed_config

@@ -35,7 +35,9 @@ class MassReport:
     positions: list[int] = field(default_factory=list)  # each key's place in the accumulation's list of masses
     selected: torch.Tensor | None = None                # [len(keys)] fp64 on the host (CUDA: pinned, async copy)
     selected_ready: torch.cuda.Event | None = None      # CUDA: that copy's event
-    accumulated: Future | list[float] | None = None     # the accumulation's masses, or the future of them
+    # the accumulation's masses, or the future of them (host accumulation in the background), or a callable that
+    # reads them (device accumulation: device_accumulation.DeviceMasses)
+    accumulated: Future | list[float] | Callable[[], list[float]] | None = None
     combine: Callable[[list[float]], list[float]] | None = None  # data parallelism: this rank's block -> all ranks'
 
     def selected_by_key(self) -> dict[int, float]:
@@ -46,6 +48,8 @@ class MassReport:
 
     def accumulated_by_key(self, wait: Callable[[Future], object]) -> dict[int, float]:
         masses = wait(self.accumulated) if isinstance(self.accumulated, Future) else self.accumulated
+        if callable(masses):  # device accumulation: read once (a wait for a long-finished copy on CUDA)
+            masses = self.accumulated = masses()
         if self.combine is not None:  # once: a collective, met at the same step on every rank
             masses, self.combine = self.combine(masses), None
             self.accumulated = masses

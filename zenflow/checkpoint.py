@@ -2,7 +2,9 @@
 
 Saved: device masters, moments, selected indices and step counts; the host master, moments, row layout, step
 count and accumulators; the step counters; whether an overlapped host result still awaits its upload (the host
-state already holds that result, so the upload is recomputed from it on resume). A host part not built yet
+state already holds that result, so the upload is recomputed from it on resume). With device accumulation the
+interval's partial sum is saved where host accumulation holds it (`host_accumulators`, `host_counts`: the format is
+the same whichever side sums, and a checkpoint of either loads into either). A host part not built yet
 (HostColumns.pending: before its first offload) is saved as its columns and row count, with `host_master` None:
 its values are the model's, saved with the model.
 """
@@ -17,6 +19,7 @@ import torch
 
 from zenflow.auto_interval import MassReport
 from zenflow.config import ConfigError, ZenFlowConfig
+from zenflow.device_accumulation import check_saved_counts, interval_sums, restore_sums_
 from zenflow.distributed import Ranks, owner_of
 from zenflow.host import HostColumns, HostWorker
 from zenflow.link import StagingArena
@@ -58,8 +61,9 @@ def pack(opt: Checkpointed) -> dict[str, Any]:
             part = st.host
             entry = {name: getattr(st, name) for name in DEVICE_TENSORS} | {"d_step": st.d_step}
             entry |= {f"host_{name}": getattr(part, name) for name in HOST_TENSORS}
-            entry |= {"host_accumulators": list(part.accumulators), "host_counts": list(part.counts),
-                      "host_step": part.step, "host_staged": part.staged, "width": st.width, "host_rows": part.rows}
+            sums, counts = interval_sums(st, opt.clock.slot)  # either side's partial sum, as the host holds it
+            entry |= {"host_accumulators": sums, "host_counts": counts, "host_step": part.step,
+                      "host_staged": part.staged, "width": st.width, "host_rows": part.rows}
         else:
             entry = {name: getattr(st, name) for name in DENSE_TENSORS} | {"step": st.step}
         state[index[id(p)]] = entry
@@ -117,6 +121,8 @@ def _check_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
             if getattr(st, name) is not None:
                 _check_shape(name, getattr(st, name), entry[name])
         return
+    if st.host.device_sums:
+        check_saved_counts(entry["host_counts"])
     width = st.width
     saved_width = entry["width"] if "width" in entry else entry["host_master"].shape[1] + entry["sel"].numel()  # /1
     rows = entry["host_rows"] if "host_rows" in entry else entry["host_master"].shape[0]  # /1-/3
@@ -158,6 +164,8 @@ def _restore_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
     for name in DEVICE_TENSORS:
         setattr(st, name, entry[name].to(p.device, copy=True))
     st.d_step = int(entry["d_step"])
+    if restored.device_sums:  # device accumulation: the partial sum continues on the device
+        restore_sums_(st, entry["host_accumulators"], restored.counts, p.device)
 
 
 def _check_shape(name: str, mine: torch.Tensor, saved: torch.Tensor) -> None:

@@ -20,6 +20,9 @@ import torch
 AUTO = "auto"
 SELECT_STRATEGIES = ("auto", "step", "epoch")
 COLUMN_NORMS = ("l2", "l1")
+# Where the unselected gradient columns are summed between host updates: ZenFlowAdamW's `accumulate_on` keyword, ours,
+# outside DeepSpeed's `zenflow` vocabulary, so a DeepSpeed config cannot carry it (docs/host-worker.md).
+ACCUMULATE_ON = ("host", "device")
 # select_interval="auto" when the epoch length is unknown: reselect every this many steps (rounded up to a
 # multiple of an integer update_interval so reselection lands on a boundary and costs no extra drain).
 AUTO_SELECT_INTERVAL_STEPS = 64
@@ -54,6 +57,7 @@ class ZenFlowConfig:
     @classmethod
     def from_dict(cls, block: dict[str, Any] | None) -> ZenFlowConfig:
         block = dict(block or {})
+        _reject_accumulate_on(block)
         _reject_unknown_keys(block, [f.name for f in dataclasses.fields(cls)], "zenflow")
         return cls(**block)
 
@@ -131,6 +135,25 @@ def _validate(c: ZenFlowConfig) -> None:
         _fail("column_norm", c.column_norm, f"one of {COLUMN_NORMS}")
     if not _is_int(c.max_update_interval) or c.max_update_interval < 1:
         _fail("max_update_interval", c.max_update_interval, "an integer >= 1")
+
+
+def check_accumulate_on(value: Any) -> str:
+    """ZenFlowAdamW's `accumulate_on` keyword: "host" (every step's unselected gradient columns cross and the host
+    sums them) or "device" (an fp32 sum on the device crosses once per interval)."""
+    if not isinstance(value, str) or value not in ACCUMULATE_ON:
+        raise ConfigError(f"accumulate_on = {value!r} is not allowed: expected one of {ACCUMULATE_ON}")
+    return value
+
+
+def _reject_accumulate_on(block: dict[str, Any]) -> None:
+    """A device-accumulation request inside the zenflow block is refused by name, before the generic unknown-key
+    check, so that the message says where the option lives: DeepSpeed has no such field, and a config that both
+    engines read must mean the same to both."""
+    for key in block:
+        if key == "accumulate_on" or "accumulat" in str(key).lower():
+            raise ConfigError(f"zenflow.{key} = {block[key]!r} is not allowed: expected no such key in the zenflow "
+                              "block (it is not a DeepSpeed field); where the unselected gradient is summed is the "
+                              f"optimizer's keyword: ZenFlowAdamW(..., accumulate_on=...) with one of {ACCUMULATE_ON}")
 
 
 def _reject_unknown_keys(block: dict[str, Any], known: list[str], where: str) -> None:

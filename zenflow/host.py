@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -42,13 +42,16 @@ class HostColumns:
     stands for master = the weight's columns `cols` (nothing has updated them), zero moments. So columns a first
     selection hands to the device never get host buffers. The staging buffers are views into the optimizer's one
     pinned arena (link.StagingArena), pointed here by `ownership.carve_staging`.
+
+    With device accumulation (`n_staging` 0, `device_sums`) no gradient crosses per step: the accumulators are fp32
+    views in the arena too, where the device's interval sums land once per interval (device_accumulation.py).
     """
 
     cols: torch.Tensor            # [n_host] int64, ascending: which columns of W these are
     rows: int                     # out
     dtype: torch.dtype            # the model dtype: that of the staging buffers
     counts: list[int]             # gradients summed in each accumulator (one, two with overlap_step) since its update
-    n_staging: int = 1            # gradient staging buffers: two on CUDA with overlap_step
+    n_staging: int = 1            # gradient staging buffers: two on CUDA with overlap_step; 0: device accumulation
     step: int = 0                 # host AdamW updates applied to this parameter
     staged: bool = False          # param_staging holds an update not yet uploaded
     master: torch.Tensor | None = None      # [out, n_host] fp32 (None: pending)
@@ -66,6 +69,11 @@ class HostColumns:
     def built(self) -> bool:
         return self.master is not None
 
+    @property
+    def device_sums(self) -> bool:
+        """Device accumulation: the accumulators are landing views in the arena, not buffers of their own."""
+        return self.n_staging == 0
+
     @classmethod
     def pending(cls, rows: int, cols: torch.Tensor, dtype: torch.dtype, n_accumulators: int,
                 n_staging: int = 1) -> HostColumns:
@@ -77,32 +85,52 @@ class HostColumns:
     def create(cls, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, cols: torch.Tensor,
                dtype: torch.dtype, n_accumulators: int, n_staging: int = 1, step: int = 0) -> HostColumns:
         """A built part from its fp32 state; zero accumulators; staging comes from carve_staging."""
-        return cls(cols=cols, rows=master.shape[0], dtype=dtype, counts=[0] * n_accumulators, n_staging=n_staging,
-                   step=step, master=master, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
-                   accumulators=[torch.zeros(master.shape) for _ in range(n_accumulators)])
+        part = cls(cols=cols, rows=master.shape[0], dtype=dtype, counts=[0] * n_accumulators, n_staging=n_staging,
+                   step=step, master=master, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+        if not part.device_sums:  # device accumulation: they are the arena's landing views (carve_staging)
+            part.accumulators = [torch.zeros(master.shape) for _ in range(n_accumulators)]
+        return part
 
     def build_(self) -> None:
         """Pending -> built from `param_staging`, which the caller filled with the weight's columns `cols`."""
         shape = (self.rows, self.n_host)
         self.master = torch.empty(shape, dtype=torch.float32).copy_(self.param_staging)  # exact upcast, no temporary
         self.exp_avg, self.exp_avg_sq = torch.zeros(shape), torch.zeros(shape)
-        self.accumulators = [torch.zeros(shape) for _ in self.counts]
+        if not self.device_sums:  # device accumulation: the arena's landing views, carved before the build
+            self.accumulators = [torch.zeros(shape) for _ in self.counts]
 
     def staging_layout(self) -> list[tuple[tuple[int, int], torch.dtype]]:
-        """The views this part takes in the arena: its gradient staging buffers, then its parameter staging."""
-        return [((self.rows, self.n_host), self.dtype)] * (self.n_staging + 1)
+        """The views this part takes in the arena: its gradient staging buffers (device accumulation: its fp32
+        accumulators, one per count), then its parameter staging."""
+        shape = (self.rows, self.n_host)
+        landing = [(shape, torch.float32)] * len(self.counts) if self.device_sums else []
+        return [(shape, self.dtype)] * self.n_staging + landing + [(shape, self.dtype)]
+
+    def take_views(self, views: Iterator[torch.Tensor]) -> None:
+        """Point the staging buffers at the next views of the arena, in staging_layout's order."""
+        self.grad_staging = [next(views) for _ in range(self.n_staging)]
+        if self.device_sums:
+            self.accumulators = [next(views) for _ in self.counts]
+        self.param_staging = next(views)
+
+    def drop_views(self) -> None:
+        """Let go of the arena's views (before it is re-carved, so an outgrown buffer can be freed first)."""
+        self.grad_staging, self.param_staging = [], None
+        if self.device_sums:
+            self.accumulators = []
 
     @property
     def state_bytes(self) -> int:
-        """fp32 master, moments and accumulators (0 while pending); staging is the arena's."""
+        """fp32 master, moments and accumulators (0 while pending); staging is the arena's (device accumulation: the
+        accumulators too)."""
         if not self.built:
             return 0
-        return sum(t.numel() * t.element_size() for t in (self.master, self.exp_avg, self.exp_avg_sq,
-                                                           *self.accumulators))
+        own = [] if self.device_sums else self.accumulators
+        return sum(t.numel() * t.element_size() for t in (self.master, self.exp_avg, self.exp_avg_sq, *own))
 
 
 def host_bytes(host_elements: Sequence[int], model_bytes: int, *, overlap_step: bool, cuda: bool,
-               arena_elements: Sequence[int] | None = None) -> int:
+               arena_elements: Sequence[int] | None = None, accumulate_on: str = "host") -> int:
     """Host bytes ZenFlowAdamW holds (= its `host_state_bytes`), from per-parameter element counts.
 
     host_elements: per built column param, out x (host-owned columns of this rank); a param not built yet has none.
@@ -114,16 +142,22 @@ def host_bytes(host_elements: Sequence[int], model_bytes: int, *, overlap_step: 
       + (n_grad + 1) * sum(aligned(model_bytes * e))          the staging arena (pinned on CUDA), ALIGN per view
 
     n_acc = 2 with overlap_step else 1; n_grad = 2 on CUDA with overlap_step else 1. docs/host-worker.md.
+    accumulate_on="device": no gradient staging; the accumulators are fp32 views in the arena instead:
+
+        4 * 3 * sum(host_elements) + sum(n_acc * aligned(4 * e) + aligned(model_bytes * e))
     """
     n_acc = 2 if overlap_step else 1
     n_grad = 2 if overlap_step and cuda else 1
     staged = host_elements if arena_elements is None else arena_elements
+    if accumulate_on == "device":
+        return 4 * 3 * sum(host_elements) + sum(n_acc * aligned(4 * e) + aligned(model_bytes * e) for e in staged)
     return 4 * (3 + n_acc) * sum(host_elements) + (n_grad + 1) * sum(aligned(model_bytes * e) for e in staged)
 
 
 @dataclass
 class GradCopy:
-    """One parameter's unselected gradient columns on their way into a host staging buffer.
+    """One parameter's unselected gradient columns on their way into a host staging buffer (device accumulation:
+    its interval's fp32 sum on its way into a landing accumulator: copied at once on the CPU device, `done` on CUDA).
 
     CUDA: the training thread has already started the copy (`done` is its event) and holds no device tensor, so
     the step's gradient can be freed at once. CPU device: the copy is CPU work, done by whoever runs the

@@ -83,7 +83,8 @@ class Link:
             compute.wait_event(done)
         return done
 
-    def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor) -> torch.cuda.Event | None:
+    def gather_to_host(self, src: torch.Tensor, columns: torch.Tensor | None,
+                       dst: torch.Tensor) -> torch.cuda.Event | None:
         """`dst[:] = src[:, columns]` with `src` on the device and `dst` on the host. Bytes are counted by the
         caller (background copies are counted when submitted, so each step's bytes are deterministic).
 
@@ -91,10 +92,11 @@ class Link:
         the gradient itself is no longer needed, so `zero_grad()` frees it at once. Only the gathered block, one
         set of the unselected columns, waits for the link: it is copied on the d2h stream and `record_stream` keeps
         its memory until the copy is done. Returns the copy's event (wait on it before reading `dst`); no host wait
-        here. Every column (warm-up, ZeRO-Offload): no gather, the gradient is copied as it is. CPU device: the
-        gather writes straight into the distinct host buffer, which is the copy; returns None.
+        here. Every column (warm-up, ZeRO-Offload; `columns` None: a device accumulator): no gather, the tensor is
+        copied as it is. CPU device: the gather writes straight into the distinct host buffer, which is the copy;
+        returns None.
         """
-        every_column = columns.numel() == src.shape[1]  # a plain copy, no gather
+        every_column = columns is None or columns.numel() == src.shape[1]  # a plain copy, no gather
         if not self.cuda:
             with self.observers.blocking("copy_d2h"):
                 if every_column:
@@ -142,6 +144,15 @@ class Link:
         dst.index_copy_(1, columns, landing)
         landing.record_stream(compute)
         return done
+
+    def compute_waits_for(self, event: torch.cuda.Event | None) -> None:
+        """CUDA: later work on the compute stream waits until a d2h copy has read its source (which that work is
+        about to overwrite); no host wait, the exposed part is booked as copy_d2h. None: nothing to wait for."""
+        if event is None:
+            return
+        compute = torch.cuda.current_stream(self.device)
+        with self.observers.device_wait("copy_d2h", lambda: _timing_event(compute)):
+            compute.wait_event(event)
 
     def wait(self, event: torch.cuda.Event | None) -> None:
         """Block the host until a copy finished (CUDA sync point; a no-op on the CPU device)."""

@@ -8,13 +8,14 @@ Every trainable parameter with two or more dimensions is a *column param* `W[out
                          columns by gradient norm, move values and moments of the columns that change owner
     host state:          built at a parameter's first offload, of its host-owned columns only (ownership.py)
     device:              AdamW on the selected columns and the dense params (fp32 master and moments)
-    offload:             the unselected gradient columns to the host accumulator (only those bytes cross)
+    offload:             the unselected gradient columns to the host accumulator (only those bytes cross); or,
+                         with accumulate_on="device", into an fp32 sum on the device that crosses at the boundary
     boundary (every U):  host AdamW on the mean accumulated gradient, then those columns back to the device;
                          inline (sync) or in the background, applied at the next boundary (overlap_step)
 
 The class holds state and order; functions compute: state.py (what is held), device.py and host.py (each side's
-work), ownership.py (selection and moves), clip.py, auto_interval.py, distributed.py (what ranks exchange), and
-host.HostWorker (the background thread, its cores and jobs).
+work), ownership.py (selection and moves), clip.py, auto_interval.py, distributed.py (what ranks exchange),
+device_accumulation.py (accumulate_on="device"), and host.HostWorker (the background thread, its cores and jobs).
 """
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ from zenflow import checkpoint
 from zenflow.adam import AdamWHyper
 from zenflow.auto_interval import AUTO_LAG, MassReport, boundary_due, selected_mass
 from zenflow.clip import Clip, check_gradients
-from zenflow.config import ZenFlowConfig, check_hyperparameters, check_params, load_deepspeed_config
+from zenflow.config import (
+    ZenFlowConfig,
+    check_accumulate_on,
+    check_hyperparameters,
+    check_params,
+    load_deepspeed_config,
+)
 from zenflow.device import device_update_, start_offload, upload_
+from zenflow.device_accumulation import accumulate_on_device_, land_, landed_then, ship_
 from zenflow.distributed import data_parallel
 from zenflow.hooks import Observer, Observers, RemovableHandle
 from zenflow.host import GradCopy, HostWorker, accumulate_, host_adamw_
@@ -46,9 +54,12 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0,
                  zenflow: ZenFlowConfig | dict[str, Any] | None = None, *, gradient_clipping: float = 0.0,
-                 skip_nonfinite: bool = False, process_group: Any = None) -> None:
+                 skip_nonfinite: bool = False, process_group: Any = None, accumulate_on: str = "host") -> None:
         self.config = ZenFlowConfig.coerce(zenflow)
         check_hyperparameters(lr, betas, eps, weight_decay, gradient_clipping)
+        # where the unselected gradient columns are summed between boundaries: "host" (they cross every step) or
+        # "device" (an fp32 sum crosses once per interval; device_accumulation.py); ours, not a DeepSpeed field
+        self.accumulate_on = check_accumulate_on(accumulate_on)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.device = check_params(self.param_groups)
         self.gradient_clipping = float(gradient_clipping)
@@ -73,11 +84,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
             self.worker.start()  # last: binds cores once, so the whole run computes with the same threads
 
     @classmethod
-    def from_deepspeed_config(cls, params: Iterable, config: str | Path | dict[str, Any]) -> ZenFlowAdamW:
-        """Build from a whole DeepSpeed JSON file (or dict): optimizer.params, gradient_clipping, zenflow block."""
+    def from_deepspeed_config(cls, params: Iterable, config: str | Path | dict[str, Any], *,
+                              accumulate_on: str = "host") -> ZenFlowAdamW:
+        """Build from a whole DeepSpeed JSON file (or dict): optimizer.params, gradient_clipping, zenflow block;
+        `accumulate_on` is ours (the zenflow block refuses it)."""
         s = load_deepspeed_config(config)
         return cls(params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay, zenflow=s.zenflow,
-                   gradient_clipping=s.gradient_clipping, skip_nonfinite=s.dtype == "fp16")
+                   gradient_clipping=s.gradient_clipping, skip_nonfinite=s.dtype == "fp16", accumulate_on=accumulate_on)
 
     # ---- state ----------------------------------------------------------------------------------------------
     @property
@@ -124,8 +137,9 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         width = as_columns(p).shape[1]
         mine = self.dp.owned(torch.arange(width), width)  # this host's columns: every one, or this rank's block
         overlap = self.config.overlap_step  # two accumulators: the worker reads one while steps fill the other
-        self.state[p] = ColumnState.new(p, mine, n_accumulators=2 if overlap else 1,
-                                        n_staging=2 if overlap and self.link.cuda else 1)
+        # device accumulation: no gradient staging, the accumulators are where the device's sums land
+        n_staging = 0 if self.accumulate_on == "device" else 2 if overlap and self.link.cuda else 1
+        self.state[p] = ColumnState.new(p, mine, n_accumulators=2 if overlap else 1, n_staging=n_staging)
 
     def add_observer(self, observer: Observer) -> RemovableHandle:
         """Attach telemetry: it sees every transfer (direction, kind, bytes) and every blocking section."""
@@ -146,6 +160,13 @@ class ZenFlowAdamW(torch.optim.Optimizer):
     def host_staging_bytes(self) -> int:
         """The staging arena's capacity: the part of host_state_bytes that is pinned on CUDA."""
         return self.arena.capacity
+
+    @property
+    def device_accumulator_bytes(self) -> int:
+        """Device memory of the fp32 accumulators (accumulate_on="device"; 0 otherwise): 4 bytes per host-owned
+        element of every column param that has accumulated so far."""
+        sums = [st.d_acc for st in self.state.values() if isinstance(st, ColumnState) and st.d_acc is not None]
+        return sum(s.numel() * s.element_size() for s in sums)
 
     # ---- the step ---------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -173,7 +194,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         columns = column_states(self.param_groups, self.state)
         prepare_host_(self.arena, columns, self.link, self.settle)  # lazy build, staging
         in_background = self.config.overlap_step and not warm_up
-        copies = self._start_offload(in_background)  # CUDA: copies start now, beside the device update
+        on_device = self.accumulate_on == "device"  # then nothing crosses before the boundary
+        copies = [] if on_device else self._start_offload(in_background)  # CUDA: copies start now, beside the update
         device_update_(self.param_groups, self.state, self.clip.device)
         self._accumulate(copies, in_background)
         self.clock.since_boundary += 1
@@ -204,15 +226,21 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         return start_offload(self._params(), self.state, self.link, turn)
 
     def _accumulate(self, copies: list[GradCopy], in_background: bool) -> None:
-        """Add the copies into the fp32 accumulators: inline, or as a worker job (overlap_step)."""
+        """Add the copies into the fp32 accumulators: inline, or as a worker job (overlap_step); with
+        accumulate_on="device", add the unselected gradient columns into the device's fp32 sums instead."""
         auto = self.config.auto_update
         report = selected_mass(self._params(), self.state, self.link, self.clip.device) if auto else None
-        job = functools.partial(accumulate_, self.link, copies, self.clock.slot, self.clip.host, auto)
-        result = self.worker.submit("accumulate", job) if in_background else job()
+        if self.accumulate_on == "device":
+            result = accumulate_on_device_(self._params(), self.state, self.link, self.clip.device, auto)
+            numels = result.numels if result is not None else []
+        else:
+            job = functools.partial(accumulate_, self.link, copies, self.clock.slot, self.clip.host, auto)
+            result = self.worker.submit("accumulate", job) if in_background else job()
+            numels = [c.staging.numel() for c in copies]
         if report is not None:
-            report.accumulated = result  # the worker's list of masses, or the future of it
+            report.accumulated = result  # the worker's list of masses, the future of it, or the device's masses
             # each rank accumulates its block: the mass of the whole is summed when it is read
-            report.combine = functools.partial(self.dp.whole_rms, [c.staging.numel() for c in copies])
+            report.combine = functools.partial(self.dp.whole_rms, numels)
             self.auto_history.append(report)
 
     def _boundary(self, overlap: bool) -> None:
@@ -220,7 +248,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         self.clock.host_updates += 1
         self.clock.since_boundary = 0
         self.auto_history.clear()
+        shipped = []  # device accumulation: the interval's sums cross now, once (host: they crossed every step)
+        if self.accumulate_on == "device":  # into this slot's landing accumulators, which no host job still reads
+            shipped = ship_(column_states(self.param_groups, self.state), self.link, self.clock.slot)
         if not overlap:
+            land_(self.link, shipped)  # CUDA sync point: the host update reads them
             with self.observers.blocking("host_update"):
                 _after_uploads(self._upload_events, host_groups(self.param_groups, self.state), self.clock.slot)
             self._upload()
@@ -230,6 +262,8 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         # built after _finish_pending: the job must wait for *that* upload's copies (audit item 5)
         job = functools.partial(_after_uploads, self._upload_events, host_groups(self.param_groups, self.state),
                                 self.clock.slot)
+        if shipped:
+            job = functools.partial(landed_then, self.link, shipped, job)  # the worker waits for the sums first
         self.pending = self.worker.submit("host_update", job)  # queued after this interval's accumulations (FIFO)
         self.clock.slot = 1 - self.clock.slot  # double buffer: keep accumulating while the worker reads the other
 

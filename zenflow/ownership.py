@@ -111,12 +111,11 @@ def carve_staging(arena: StagingArena, parts: list[HostColumns], settle: Callabl
         settle()
     if moved:
         for part in parts:  # drop the old views first: a buffer being outgrown is freed before the new one comes
-            part.grad_staging, part.param_staging = [], None
+            part.drop_views()
     views = iter(arena.carve(layout))
     for part in parts:
         fresh = part.param_staging is None
-        part.grad_staging = [next(views) for _ in range(part.n_staging)]
-        part.param_staging = next(views)
+        part.take_views(views)
         if fresh and part.staged:
             part.param_staging.copy_(part.master)
 

@@ -46,6 +46,11 @@ class ColumnState:
     d_exp_avg: torch.Tensor     # [out, k] fp32
     d_exp_avg_sq: torch.Tensor  # [out, k] fp32
     d_step: int = 0             # device AdamW updates applied to this parameter
+    # device accumulation only (accumulate_on="device", device_accumulation.py): this interval's fp32 sum of the
+    # host's unselected gradient columns, [out, n_host] on the parameter's device, allocated at its first use
+    d_acc: torch.Tensor | None = None
+    d_acc_count: int = 0                          # gradients summed in d_acc since its last ship
+    d_acc_shipped: torch.cuda.Event | None = None  # CUDA: d_acc's last ship; the next write waits for it
 
     @classmethod
     def new(cls, p: torch.Tensor, mine: torch.Tensor, n_accumulators: int, n_staging: int) -> ColumnState:

@@ -40,8 +40,15 @@ from typing import Any
 
 import torch
 
+from zenflow.adam import AdamWHyper, adamw_
+from zenflow.costmodel.model import CostModelError
+from zenflow.costmodel.presets import load_calibration
 from zenflow.harness.checks.arguments import int_at_least
 from zenflow.harness.configs import TINY_LLAMA_SHAPE
+from zenflow.harness.engines.build import deepspeed_config
+from zenflow.harness.session import RunSpec, Session, model_facts
+from zenflow.harness.workloads import Workload, build_model
+from zenflow.telemetry.environment import capture_environment
 from zenflow.telemetry.neighbours import NeighbourWatch, wait_until_quiet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,9 +76,6 @@ def _training_loop(w: Any, block: dict[str, Any] | None, threads: int, seqs: tup
     synchronous, selection once at the first step. The first WARMUP_STEPS steps (selection, allocation) are not used.
     Returns the median forward+backward per sequence length and the median step parts over all used steps: the
     optimizer's blocking sections from the record's `blocks_ms`, the rest of the optimizer step as "device"."""
-    from zenflow.harness.engines.build import deepspeed_config
-    from zenflow.harness.session import RunSpec, Session
-
     engine = "no-offload" if block is None else "ref-zenflow"
     zenflow = {**(block or {}), "overlap_step": False, "select_strategy": "step", "select_interval": 10**6}
     cfg = deepspeed_config(engine, zenflow, w.dtype, micro_batch=1, lr=1e-5, weight_decay=0.01, clipping=1.0,
@@ -158,8 +162,6 @@ LOOPS = {"no_offload_2t": (None, 2), "offload_2t": ({"topk_ratio": 0.0, "update_
 def measure_round(smoke: bool, seq_lens: tuple[int, ...], repeats: int) -> dict[str, dict[str, Any]]:
     """One round of every loop in this process, after a discarded warm-up round of every loop (first allocations,
     thread pools, the CPU kernels chosen for each new shape)."""
-    from zenflow.harness.workloads import Workload
-
     w = Workload(**(SMOKE_SHAPE if smoke else {}))
     for block, threads in LOOPS.values():
         _training_loop(w, block, threads, seq_lens, 1)
@@ -179,10 +181,6 @@ def _round_in_child(smoke: bool, seq_lens: tuple[int, ...], repeats: int) -> dic
 
 def calibrate(seq_lens: tuple[int, ...] = CAL_SEQS, repeats: int = 5, smoke: bool = False,
               rounds: int = ROUNDS) -> dict[str, Any]:
-    from zenflow.harness.session import model_facts
-    from zenflow.harness.workloads import Workload, build_model
-    from zenflow.telemetry.environment import capture_environment
-
     env = capture_environment()
     w = Workload(**(SMOKE_SHAPE if smoke else {}))
     model = build_model(w)
@@ -209,9 +207,6 @@ def _contention(model: torch.nn.Module, w: Any, repeats: int) -> dict[str, float
     the other core, and of host AdamW while forward+backward runs; 1.0 = no contention. Alone and together are
     interleaved round by round and the ratio is the median of per-round ratios, so a neighbour's load on a shared
     machine hits both sides of each ratio alike."""
-
-    from zenflow.adam import AdamWHyper, adamw_
-
     torch.set_num_threads(1)
     n = 12_000_000
     host = [torch.zeros(n) for _ in range(3)]
@@ -270,8 +265,6 @@ def _contention(model: torch.nn.Module, w: Any, repeats: int) -> dict[str, float
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zenflow.telemetry.environment import capture_environment
-
     ap = argparse.ArgumentParser(description="Calibrate the cost model on this machine (≈1 minute).")
     ap.add_argument("--out", type=Path, default=None, help="default: results/costmodel/<hardware-id>/calibration.json")
     ap.add_argument("--repeats", type=int_at_least(1), default=5)
@@ -303,9 +296,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _calibration_record(value: str) -> dict[str, Any]:
     """A `type=` for --compare: a calibration record of any machine, or one line saying what is wrong with it."""
-    from zenflow.costmodel.model import CostModelError
-    from zenflow.costmodel.presets import load_calibration
-
     try:
         return load_calibration(value, expect_hardware_id=None)
     except CostModelError as exc:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from zenflow.adam import AdamWHyper, adamw_
+from zenflow.telemetry.environment import capture_environment
 
 SCHEMA = "costmodel-host-adam/1"
 HYPER = AdamWHyper(lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
@@ -97,8 +98,6 @@ def measure(numel: int, threads: list[int], rounds: int = 3, steps: int = 9,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zenflow.telemetry.environment import capture_environment
-
     ap = argparse.ArgumentParser(prog="python -m zenflow.costmodel.host_adam", description=__doc__.split("\n\n")[0])
     ap.add_argument("--numel", type=int, default=16_000_000, help="elements of the flat buffer (default 16M)")
     ap.add_argument("--rounds", type=int, default=3)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from zenflow.costmodel.model import CostModelError, Inputs
+from zenflow.telemetry.environment import capture_environment
 
 MFU = 0.40  # assumed model FLOP utilisation of forward+backward (dense bf16 fine-tuning); an assumption, not fitted
 HBM_EFFICIENCY = 0.7  # assumed fraction of datasheet HBM bandwidth reached by the memory-bound optimizer kernels
@@ -81,8 +82,6 @@ def load_calibration(path: str | Path, expect_hardware_id: str | None = "this ma
     if cal.get("schema") != "costmodel-calibration/1":
         raise CostModelError(f"{path}: schema = {cal.get('schema')!r}, expected 'costmodel-calibration/1'")
     if expect_hardware_id == "this machine":
-        from zenflow.telemetry.environment import capture_environment
-
         expect_hardware_id = capture_environment()["hardware_id"]
     if expect_hardware_id is not None and cal.get("hardware_id") != expect_hardware_id:
         raise CostModelError(f"{path}: calibration record of hardware id {cal.get('hardware_id')!r}, but this is "
@@ -165,8 +164,6 @@ def gpu_inputs(model: str, gpu: str, adamw_per_core: float, accum_per_core: floa
 
 
 def default_calibration() -> Path:
-    from zenflow.telemetry.environment import capture_environment
-
     return Path(__file__).resolve().parents[2] / "results" / "costmodel" / capture_environment()["hardware_id"] \
         / "calibration.json"
 

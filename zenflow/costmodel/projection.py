@@ -3,10 +3,11 @@ Figure 1. Everything here is PROJECTED (docs/cost-model.md); nothing is fitted t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from zenflow.costmodel import host_adam, inverse
+from zenflow.costmodel import sensitivity as sens
 from zenflow.costmodel.model import predict
 from zenflow.costmodel.presets import GPUS, MODELS, gpu_inputs, host_rates_per_core
 from zenflow.costmodel.validate import BLOCK
@@ -33,15 +34,12 @@ def projection(cal: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], out: Path,
-                      host_adam_record: Path | None = None) -> dict[str, Any]:
-    """The inverse check (inverse.md/.json), the band (projection-band.md/.csv) and sensitivity.png, from the
-    calibration, this machine's host-adam.json (when there is one) and the validation rows; returns inverse.json."""
-    from zenflow.costmodel import host_adam, inverse
-    from zenflow.costmodel import sensitivity as sens
-    from zenflow.reports.costmodel import sensitivity_figure, write_band, write_inverse
-
-    record = host_adam.load_host_adam(host_adam_record or out / "host-adam.json")
+def falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], host_adam_record: Path) -> dict[str, Any]:
+    """What inverse.md/.json, projection-band.md/.csv and sensitivity.png show, from the calibration, a host-adam.json
+    (read when it exists) and the validation rows: "inverse" (inverse.json), "band" (its rows), "deepspeed_per_core",
+    "curves" (U -> (ρ, speedup)), "free" (U 4 with host accumulation free) and "measured" (our runs' points).
+    Data only: zenflow/reports/costmodel.py writes it (reproduce/project.py calls both)."""
+    record = host_adam.load_host_adam(host_adam_record)
     deepspeed_per_core = host_adam.per_core_ratio(record)
     inv = inverse.inverse_check(cal, deepspeed_per_core)
     x = gpu_inputs("llama2-7b", "a100", *host_rates_per_core(cal))
@@ -49,10 +47,6 @@ def write_falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], out: Path,
     inv["placements"] = {"paper A100": sens.placed(curves[4], *inverse.PAPER_FIG1["a100"]),
                          "paper H100": sens.placed(curves[4], *inverse.PAPER_FIG1["h100"]),
                          "Intel Qwen2.5-3B": sens.placed(curves[4], *inverse.INTEL["speedup"])}
-    (out / "inverse.json").write_text(json.dumps(inv, indent=1) + "\n")
-    write_inverse(inv, out)
-    band_rows = sens.band(cal, deepspeed_per_core, inv["host_adamw_gelem_s_per_gpu"])
-    write_band(band_rows, out, deepspeed_per_core)
-    sensitivity_figure(curves, sens.curve(inverse.free_accumulation(x), 4), inv["placements"],
-                       sens.measured_points(val), band_rows, inv, out)
-    return inv
+    return {"inverse": inv, "band": sens.band(cal, deepspeed_per_core, inv["host_adamw_gelem_s_per_gpu"]),
+            "deepspeed_per_core": deepspeed_per_core, "curves": curves,
+            "free": sens.curve(inverse.free_accumulation(x), 4), "measured": sens.measured_points(val)}

@@ -14,8 +14,12 @@ from typing import Any
 from zenflow.costmodel.model import Block, Inputs, Prediction, predict
 from zenflow.costmodel.presets import cpu_scale_inputs
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK
+from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import is_deepspeed
 from zenflow.harness.records import read_records
+from zenflow.harness.runner import run_in_subprocess
+from zenflow.harness.session import RunSpec
+from zenflow.telemetry.neighbours import NeighbourWatch, wait_until_quiet
 
 ROOT = Path(__file__).resolve().parents[2]
 # The ZenFlow block of every run and projection (DeepSpeedExamples' settings), in the cost model's terms.
@@ -124,10 +128,6 @@ def run_validation(folder: Path, engines: list[str], repeats: int, seqs: tuple[i
                    max_wait_s: float = 90) -> None:
     """The cpu-scale runs at the given sequences, one fresh run child each (the harness runner), each started when
     no neighbour's heavy job runs (waits up to max_wait_s); the record notes whether a neighbour ran meanwhile."""
-    from zenflow.harness.engines.build import deepspeed_config
-    from zenflow.harness.runner import RunSpec, run_in_subprocess
-    from zenflow.telemetry.neighbours import NeighbourWatch, wait_until_quiet
-
     for rep in range(repeats):
         for seq in seqs:
             for engine in engines:

@@ -23,7 +23,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from zenflow.harness.engines.registry import (  # noqa: F401  (our_host_bytes, p
     pow2,
 )
 from zenflow.harness.local_inputs import model_folder
+from zenflow.harness.workloads import CPU_SCALE_VOCAB, RANDOM_MODELS, Workload
 
 GiB = 2**30
 CUDA_CONTEXT = GiB  # host memory of a CUDA context and its libraries (planning a GPU host from a CPU one)
@@ -67,8 +68,6 @@ class ModelShape:
     def from_workload(cls, workload: dict[str, Any]) -> ModelShape:
         """The shape of a workload dict (reproduce/llama7b.py's): the random-weight builders' fields, or a local
         model folder's config.json."""
-        from zenflow.harness.workloads import CPU_SCALE_VOCAB, RANDOM_MODELS, Workload
-
         w = Workload(**{k: v for k, v in workload.items() if k in Workload.__dataclass_fields__})
         if w.model in RANDOM_MODELS:
             return cls(CPU_SCALE_VOCAB, w.hidden, w.intermediate, w.layers, w.heads, w.heads,
@@ -305,8 +304,6 @@ def largest_layers(engines: list[str], shape: ModelShape, host: Host, dtype_byte
                    block: dict[str, Any], seq_len: int, micro_batch: int, base: int, most: int) -> int:
     """The most layers (up to `most`) at which every engine in `engines` fits `host` with DEFAULT_MARGIN to spare
     (the estimates of the ZeRO-3 peers are of medium-low confidence); at least 1."""
-    from dataclasses import replace
-
     for layers in range(most, 0, -1):
         needs = plan(engines, replace(shape, layers=layers), dtype_bytes, cuda, block, seq_len, micro_batch, base)
         if all(fits(n, host, DEFAULT_MARGIN) is None for n in needs):

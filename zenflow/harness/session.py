@@ -22,9 +22,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from zenflow.harness.engines.build import init_warnings, make_engine
 from zenflow.harness.engines.registry import engine_spec, is_deepspeed
+from zenflow.harness.glue.workload import GlueWorkload
 from zenflow.harness.processes import bind_rank_cores
 from zenflow.harness.records import RunRecord, summarize_steps
+from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
+from zenflow.telemetry.environment import capture_environment
+from zenflow.telemetry.nvml import NvmlSampler
+from zenflow.telemetry.timeline import StepTimeline
 
 
 @dataclass
@@ -59,8 +67,6 @@ class LMWorkload:
     evaluate = None
 
     def __init__(self, spec: RunSpec) -> None:
-        from zenflow.harness.workloads import Tokenizer, Workload, build_model, load_texts
-
         self.spec = Workload(**spec.workload)
         texts, source = load_texts(self.spec)
         self.tokenizer = Tokenizer(self.spec)
@@ -71,16 +77,12 @@ class LMWorkload:
         self.label = f"{spec.label} {spec.engine}"
 
     def batches(self) -> Iterator[Any]:
-        from zenflow.harness.workloads import batches
-
-        return batches(self.spec, self.tokenizer, self.texts)
+        return batches(self.spec, self.tokenizer, self.texts)  # workloads.batches: a method's name is not in scope
 
 
 def build_workload(spec: RunSpec) -> Any:
     if spec.workload.get("kind") == "glue":
-        from zenflow.harness.glue.workload import GlueWorkload  # fine-tune + evaluate
-
-        return GlueWorkload(spec)
+        return GlueWorkload(spec)  # fine-tune + evaluate
     return LMWorkload(spec)
 
 
@@ -88,12 +90,6 @@ class Session:
     """The one training loop of the harness: every step timed from outside, the step kind decided once."""
 
     def __init__(self, spec: RunSpec) -> None:
-        import torch
-
-        from zenflow.harness.engines.build import init_warnings, make_engine
-        from zenflow.telemetry.nvml import NvmlSampler
-        from zenflow.telemetry.timeline import StepTimeline
-
         self.started = time.perf_counter()
         machine = environment()  # before a rank is bound to its cores: the record names the machine it ran on
         rank_cores = None
@@ -243,8 +239,6 @@ def peak_rss_bytes() -> int:
 
 def world_size() -> int:
     """Processes training together: torch.distributed's world when initialised (DeepSpeed engines), else 1."""
-    import torch
-
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
@@ -269,8 +263,6 @@ def model_facts(model: Any) -> dict[str, Any]:
 
 def environment() -> dict[str, Any]:
     try:
-        from zenflow.telemetry.environment import capture_environment
-
         return capture_environment()
     except Exception as exc:  # the record says why instead of failing the run
         return {"error": f"environment capture failed: {exc!r}"}

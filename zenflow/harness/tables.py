@@ -1,7 +1,9 @@
-"""Table helpers every report shares: number format, Markdown, CSV, atomic writes, the figure backend.
+"""Table helpers every report shares: number format, Markdown, CSV, atomic writes, the figure backend and how a
+figure is saved.
 
-One copy of each, so that every committed table is written the same way (tests/test_committed_tables.py regenerates
-them byte for byte). Reports read records and rows; these helpers only format and write.
+One copy of each, so that every committed table and figure is written the same way
+(tests/reports/test_committed_tables.py regenerates them byte for byte). Reports (zenflow/reports/) read records and
+rows; these helpers only format and write.
 """
 
 from __future__ import annotations
@@ -17,14 +19,18 @@ from typing import Any
 
 from tabulate import tabulate
 
+MISSING = "—"  # the cell of a value that is not there (not run, not measured)
+FIGURE_DPI = 130  # every report figure's resolution
 
-def fmt(value: Any, spec: str = ".1f", missing: str = "—") -> str:
-    """A number in `spec`, `missing` for None, anything else (text, a flag) as str()."""
+
+def fmt(value: Any, spec: str = ".1f", missing: str = MISSING, suffix: str = "") -> str:
+    """A number in `spec` followed by `suffix` ("×", "%"), `missing` for None, anything else (text, a flag) as
+    str()."""
     if value is None:
         return missing
     if isinstance(value, bool) or not isinstance(value, numbers.Number):
         return str(value)
-    return format(value, spec)
+    return format(value, spec) + suffix
 
 
 def markdown(body: Sequence[Sequence[Any]], headers: Sequence[str], tablefmt: str = "github") -> str:
@@ -41,9 +47,10 @@ def compact_markdown(body: Sequence[Sequence[str]], headers: Sequence[str]) -> s
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
-def write_csv(rows: Sequence[Any], path: Path, header: Sequence[str] | None = None) -> None:
-    """Dict rows under their first row's keys (no rows: an empty header line), or list rows under `header`."""
-    with open(path, "w", newline="") as f:
+def write_csv(rows: Sequence[Any], path: Path, header: Sequence[str] | None = None) -> Path:
+    """Dict rows under their first row's keys (no rows: an empty header line), or list rows under `header`;
+    atomically (write_atomic)."""
+    def write(f: Any) -> None:
         if header is None:
             writer: Any = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
             writer.writeheader()
@@ -52,15 +59,18 @@ def write_csv(rows: Sequence[Any], path: Path, header: Sequence[str] | None = No
             writer.writerow(header)
         writer.writerows(rows)
 
+    return write_atomic(path, write, newline="")  # the csv module ends its lines itself ("\r\n")
 
-def write_atomic(path: Path, write: Callable[[Any], None]) -> Path:
+
+def write_atomic(path: Path, write: Callable[[Any], None], mode: str = "w", newline: str | None = None) -> Path:
     """Atomic: a reader (or a command killed mid-write) sees the old file or the whole new one: `write(f)` fills a
-    temporary file in the same folder, flushed to disk, renamed over `path`."""
+    temporary file in the same folder (opened in `mode`, "wb" for bytes; `newline` as open() takes it), flushed to
+    disk, renamed over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, mode, newline=newline) as f:
             os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would keep the file from its readers
             write(f)
             f.flush()
@@ -89,3 +99,15 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int = FIGURE_DPI) -> Path:
+    """Every figure's last step: laid out tight, written atomically at `dpi` in the format of `path`'s suffix, and
+    closed (pyplot keeps open figures alive)."""
+    path = Path(path)
+    fig.tight_layout()
+    try:
+        return write_atomic(path, lambda f: fig.savefig(f, dpi=dpi, format=path.suffix.lstrip(".") or None),
+                            mode="wb")
+    finally:
+        pyplot().close(fig)

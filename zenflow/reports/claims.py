@@ -2,8 +2,8 @@
 
 The claims table of results/README.md (between the `claims:begin` and `claims:end` markers) is generated from
 CLAIMS: `python -m zenflow.reports.claims` rewrites it (`--check`: exit 1 when it differs), and
-tests/test_claims.py checks it byte for byte. Each entry names the files it reads under results/ (tables' CSV and
-JSON, a Markdown table, a run record); its `numbers` function takes every number from them, and its cells are
+tests/reports/test_claims.py checks it byte for byte. Each entry names the files it reads under results/ (tables' CSV
+and JSON, a Markdown table, a run record); its `numbers` function takes every number from them, and its cells are
 templates over those numbers, so no number in the table is typed by hand. A missing file is an error, never a
 skipped row. Adding a claim: a result set with its table (reproduce/), then one entry here.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from zenflow.costmodel.model import transfer_bytes
-from zenflow.harness.tables import compact_markdown
+from zenflow.harness.tables import compact_markdown, write_text_atomic
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 BEGIN = "<!-- claims:begin -->"
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                   "zenflow.reports.claims", file=sys.stderr)
             return 1
         return 0
-    readme.write_text(new)
+    write_text_atomic(readme, new)
     print(f"{readme}: claims table written ({len(CLAIMS)} claims)")
     return 0
 

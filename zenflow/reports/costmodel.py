@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from zenflow.costmodel.inverse import BLOG, EXAMPLE_SOURCE, INTEL
 from zenflow.costmodel.presets import GPUS, host_rates_per_core
-from zenflow.costmodel.projection import PAPER
+from zenflow.costmodel.projection import PAPER, falsifiable
+from zenflow.costmodel.sensitivity import ideal_speedup
 from zenflow.costmodel.validate import QUIET, runs_source
 from zenflow.harness.engines.registry import is_deepspeed
-from zenflow.harness.tables import fmt, markdown, pyplot, write_csv
+from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
 
 
 def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any]) -> str:
@@ -46,7 +49,7 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
         + ("; a loop measured then is slow, and every prediction from it too." if
            cal.get("neighbour_busy_fraction", 0) >= QUIET else "."),
         "- Why it misses where it misses: docs/cost-model.md (Validation)."])
-    (out / "validation.md").write_text(text + "\n")
+    write_text_atomic(out / "validation.md", text + "\n")
     write_csv(rows, out / "validation.csv")
     return text
 
@@ -77,14 +80,12 @@ def write_projection(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
         "- Models: parameter counts from each model's Hugging Face config.json (zenflow/costmodel/presets.py).",
         "- Paper values: Figure 1 of arXiv 2505.12242 (Llama-2-7B; ranges as quoted in issue 6), repeated beside "
         "every model for comparison; nothing here is fitted to them."])
-    (out / "projection.md").write_text(text + "\n")
+    write_text_atomic(out / "projection.md", text + "\n")
     write_csv(rows, out / "projection.csv")
     return text
 
 
 def validation_figure(val: list[dict[str, Any]], out: Path, hw: str) -> None:
-    import matplotlib.ticker  # noqa: F401 (matplotlib.ticker below)
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.2, 5.2))
     markers, colors = dict(zip(sorted({r["seq"] for r in val}), "os^vDP")), {}
@@ -106,11 +107,9 @@ def validation_figure(val: list[dict[str, Any]], out: Path, hw: str) -> None:
            xscale="log", yscale="log")
     ax.set_title(f"Cost model vs measured, cpu-scale ({hw})\nhollow: neighbour jobs ran during the run;\n"
                  "black edge: DeepSpeed constants fitted there", fontsize=9)
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
     ax.legend(fontsize=7, frameon=False, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(out / "validation.png", dpi=130)
-    plt.close(fig)
+    save_figure(fig, out / "validation.png")
 
 
 def projection_figure(proj: list[dict[str, Any]], out: Path) -> None:
@@ -129,15 +128,11 @@ def projection_figure(proj: list[dict[str, Any]], out: Path) -> None:
         ax.set_ylim(0, max([hi] + [r["speedup"] for r in rows]) * 1.3)
         ax.legend(fontsize=7, frameon=False, loc="upper left")
         ax.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "projection.png", dpi=130)
-    plt.close(fig)
+    save_figure(fig, out / "projection.png")
 
 
 def write_inverse(inv: dict[str, Any], out: Path) -> str:
     """inverse.md: every solved input beside what it is checked against (zenflow/costmodel/inverse.py)."""
-    from zenflow.costmodel.sensitivity import ideal_speedup
-
     f, ds = inv["forward"], inv["deepspeed_adam_per_core"]
     rate, cap = inv["host_adamw_gelem_s_per_gpu"], inv["host_adamw_cap_gelem_s"]
     per_core = ds or inv["torch_adamw_per_core"]
@@ -162,8 +157,6 @@ def write_inverse(inv: dict[str, Any], out: Path) -> str:
          "example: 'a full update would take nearly 4 s'", "the two DeepSpeed texts disagree: 4 s of update vs "
          "6.5 s of offload overhead"],
     ]
-    from zenflow.costmodel.inverse import INTEL
-
     intel = inv["intel"]
     if intel["host_adamw_gelem_s_per_gpu"]:
         irate = intel["host_adamw_gelem_s_per_gpu"]
@@ -201,13 +194,11 @@ def write_inverse(inv: dict[str, Any], out: Path) -> str:
             f"accumulation free, everything hidden) would give {ideal_speedup(intel['rho'], 4):.2f}×."]
           if intel["predicted"] else []),
         "- Why this matters and what it does not say: docs/cost-model.md, \"Inverse check\"."])
-    (out / "inverse.md").write_text(text + "\n")
+    write_text_atomic(out / "inverse.md", text + "\n")
     return text
 
 
 def _sources() -> str:
-    from zenflow.costmodel.inverse import BLOG, EXAMPLE_SOURCE, INTEL
-
     return f"{BLOG['source']}; {EXAMPLE_SOURCE}; {INTEL['source']}; paper Fig. 1 (arXiv 2505.12242)."
 
 
@@ -235,7 +226,7 @@ def write_band(rows: list[dict[str, Any]], out: Path, deepspeed_per_core: float 
         "What ZenFlow adds over that control is hiding the remaining host work behind compute and the device's "
         "top-k updates.",
         "- The paper's regime is elsewhere on the ρ axis: inverse.md and sensitivity.png."])
-    (out / "projection-band.md").write_text(text + "\n")
+    write_text_atomic(out / "projection-band.md", text + "\n")
     write_csv(rows, out / "projection-band.csv")
     return text
 
@@ -245,8 +236,6 @@ def sensitivity_figure(curves: dict[int, list[tuple[float, float]]], free: list[
                        band_rows: list[dict[str, Any]], inv: dict[str, Any], out: Path) -> None:
     """sensitivity.png: projected speedup against ρ for each U with the ideal bound and the U + 1 ceiling; the
     paper's, the blog's and Intel's points placed on it, our cpu-scale runs at their measured ρ."""
-    from zenflow.costmodel.sensitivity import ideal_speedup
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 7.4))
     for i, (u, pts) in enumerate(sorted(curves.items())):
@@ -292,6 +281,17 @@ def sensitivity_figure(curves: dict[int, list[tuple[float, float]]], free: list[
     ax.set_title("PROJECTED speedup vs the host/compute ratio (cost model, Llama-2-7B inputs on the A100 preset)",
                  fontsize=9)
     ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "sensitivity.png", dpi=130)
-    plt.close(fig)
+    save_figure(fig, out / "sensitivity.png")
+
+
+def write_falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], out: Path,
+                      host_adam_record: Path | None = None) -> dict[str, Any]:
+    """The inverse check (inverse.md/.json), the band (projection-band.md/.csv) and sensitivity.png in `out`, from
+    the calibration, a host-adam.json (`out`'s when not given; read when it exists) and the validation rows; returns
+    inverse.json. The cost model computes them (projection.falsifiable), the report layer writes them."""
+    f = falsifiable(cal, val, host_adam_record or out / "host-adam.json")
+    write_text_atomic(out / "inverse.json", json.dumps(f["inverse"], indent=1) + "\n")
+    write_inverse(f["inverse"], out)
+    write_band(f["band"], out, f["deepspeed_per_core"])
+    sensitivity_figure(f["curves"], f["free"], f["inverse"]["placements"], f["measured"], f["band"], f["inverse"], out)
+    return f["inverse"]

@@ -8,15 +8,13 @@ ZeRO-Offload_s removes what the seeds share; the interval is mean(d) ± t(0.975,
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
-from tabulate import tabulate
-
 from zenflow.harness.records import RunRecord
+from zenflow.harness.tables import MISSING, markdown, pyplot, save_figure, write_csv, write_text_atomic
 from zenflow.reports.glue import AVERAGE, scores
 
 # Each setting: the reproduce/glue.py arguments that make it (seeds 0 1 2 and the default data are glue.py's).
@@ -137,7 +135,7 @@ def reproduced(default: list[RunRecord], again: list[RunRecord]) -> tuple[int, i
 
 def _interval(mean: float | None, low: float | None, high: float | None) -> str:
     if mean is None:
-        return "—"
+        return MISSING
     return f"{mean:+.2f}" + ("" if low is None else f" [{low:+.2f}, {high:+.2f}]")
 
 
@@ -154,9 +152,8 @@ def study_report(default: list[RunRecord], settings: dict[str, list[RunRecord]],
             "from the setting itself where it ran (the budget) and from the default runs otherwise (same budget: "
             "the knobs change ZenFlow only). Everything else as `make reproduce-glue` (MiniLM-L6, fp32, the same "
             "training subsets).", "",
-            tabulate(body, headers=["setting", "what changes", "task", "seeds", "ZeRO-Offload", "ZenFlow",
-                                    "deficit [95% CI]", "change vs default [95% CI]", "verdict"],
-                     tablefmt="github", disable_numparse=True), ""]
+            markdown(body, ["setting", "what changes", "task", "seeds", "ZeRO-Offload", "ZenFlow", "deficit [95% CI]",
+                            "change vs default [95% CI]", "verdict"]), ""]
     if "reproduce-default" in settings:
         same, n, worst = reproduced(default, settings["reproduce-default"])
         text.append(f"- The default runs reproduce: {same} of {n} reruns (seed 0, both engines, both tasks) gave "
@@ -171,22 +168,16 @@ def study_report(default: list[RunRecord], settings: dict[str, list[RunRecord]],
                     "0 by chance alone, so one \"smaller\" or \"larger\" among them is not a finding.")
     text.append("- What the data point to: docs/glue.md, \"Does the deficit close?\".")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text("\n".join(text) + "\n")
-    with open(out / "table.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_text_atomic(out / "table.md", "\n".join(text) + "\n")
+    write_csv(rows, out / "table.csv")
     figure(rows, out / "figure.png")
     print("\n".join(text))
     return "\n".join(text)
 
 
 def figure(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """The deficit with its 95% interval per setting, one panel per task."""
+    plt = pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     names = list(dict.fromkeys(r["setting"] for r in rows))
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 4.4), sharey=True, squeeze=False)
@@ -206,6 +197,4 @@ def figure(rows: list[dict[str, Any]], path: Path) -> None:
     axes[0][0].set_ylabel("ZenFlow − ZeRO-Offload, points (95% CI, paired by seed)")
     fig.suptitle("GLUE: ZenFlow's deficit by budget and staleness knobs (cpu-scale, MiniLM-L6, 3 seeds)",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -7,11 +7,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tabulate import tabulate
-
 from zenflow.costmodel.model import selection_exchange_bytes
 from zenflow.costmodel.presets import model_columns, model_counts
 from zenflow.harness.records import RunRecord
+from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_text_atomic
 from zenflow.reports.scenario import engine_rank, run_world_size, runs_hardware_label
 
 LINK_KEYS = ("_grads", "_params")  # device<->host bytes (PCIe on a GPU), per rank
@@ -66,11 +65,11 @@ def selection_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
 
 
 def _mb(v: float | None) -> str:
-    return "—" if v is None else f"{v / 1e6:.2f}"
+    return fmt(None if v is None else v / 1e6, ".2f")
 
 
 def _x(v: float | None) -> str:
-    return "—" if v is None else f"{v:.2f}×"
+    return fmt(v, ".2f", suffix="×")
 
 
 def scaling_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> str:
@@ -90,27 +89,23 @@ def scaling_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> 
         "rank (so samples/s, not step time, is the comparable rate). Medians of the runs; step times are means over "
         "whole update cycles. On one CPU host the ranks share the machine (each its share of the cores, gloo between "
         "them): this measures the exchange's cost and correctness, not a multi-GPU speedup.", "",
-        tabulate(body, headers=heads, tablefmt="github", disable_numparse=True), "",
+        markdown(body, heads), "",
         "## Bytes a rank sends to agree on one selection", "",
-        tabulate(sel_body, headers=["model", "how", "column norms MB (fp32)", "gradients MB (bf16 all-gather)",
-                                    "ratio"], tablefmt="github", disable_numparse=True), "",
+        markdown(sel_body, ["model", "how", "column norms MB (fp32)", "gradients MB (bf16 all-gather)", "ratio"]), "",
         "The paper: \"reducing communication volume by over 4,000×\". Ours sends one fp32 norm per column, so the "
         "ratio is about a weight's rows / 2 (bf16 gradient vs fp32 norm): "
         + "; ".join(f"{s['model']} {s['ratio']:,.0f}×" for s in sel if s["how"] == "computed")
         + "; norms sent in bf16 would double it."])
     out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(text + "\n")
+    write_text_atomic(out / "table.md", text + "\n")
     figure(rows, out / "figure.png", label)
     print(text)
     return text
 
 
 def figure(rows: list[dict[str, Any]], path: Path, label: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Throughput and bytes between ranks per engine, one bar per world size."""
+    plt = pyplot()
     engines = sorted({r["engine"] for r in rows}, key=engine_rank)
     worlds = sorted({r["world_size"] for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -128,6 +123,4 @@ def figure(rows: list[dict[str, Any]], path: Path, label: str) -> None:
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8, frameon=False)
     fig.suptitle(f"Scaling across ranks — {label}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path)

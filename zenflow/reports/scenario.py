@@ -1,20 +1,20 @@
-"""Tables (tabulate: Markdown and CSV) and figures (matplotlib) made from run records only."""
+"""The Llama scenario's engine table (Markdown and CSV) and figure, made from run records only; written with the
+shared helpers of zenflow/harness/tables.py."""
 
 from __future__ import annotations
 
-import csv
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from tabulate import tabulate
 
 from zenflow.costmodel import host_ceiling
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, PEER_ENGINES
 from zenflow.harness.engines.registry import ASKED, ENGINE_SPECS, engine_names, zenflow_engines
 from zenflow.harness.memory_plan import NEEDS
 from zenflow.harness.records import RunRecord, skip_reason
+from zenflow.harness.tables import MISSING, fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
+from zenflow.telemetry.environment import hardware_label
 
 BASELINE = "ds-zero-offload"  # every engine's speedup; a ZenFlow engine's stall: its row's stall_baseline
 COLUMNS = ("engine", "runs", "median step ms", "cycle mean ms", "accumulate step ms", "update step ms",
@@ -30,8 +30,6 @@ def engine_rank(engine: str) -> tuple[int, str]:
 
 def runs_hardware_label(records: Sequence[RunRecord], fallback_env: dict[str, Any]) -> str:
     """The hardware the runs were made on (from their records), not the machine remaking the report."""
-    from zenflow.telemetry.environment import hardware_label
-
     env = next((r.environment for r in records if r.environment.get("cpu")), fallback_env)
     return hardware_label(env)
 
@@ -118,39 +116,24 @@ def _empty_row(engine: str, note: str) -> dict[str, Any]:
             "note": note}
 
 
-def _fmt(value: Any, spec: str = ".1f", missing: str = "—") -> str:
-    return missing if value is None else format(value, spec)
-
-
-def table(rows: list[dict[str, Any]], fmt: str = "github") -> str:
+def table(rows: list[dict[str, Any]], tablefmt: str = "github") -> str:
+    """The engine table (COLUMNS) of engine_rows' rows."""
     body = [[r["engine"] + (f" ({r['note']})" if r.get("note") else ""), r["runs"],
-             _fmt(r["median_step_ms"]), _fmt(r["cycle_mean_ms"]),
-             _fmt(r["accumulate_step_ms"]), _fmt(r["update_step_ms"]), _fmt(r["compute_ms"]),
-             "(in stall)" if r["stall_includes_io"] else _fmt(r["io_ms"]), _fmt(r["stall_ms"]),
-             _fmt(r["speedup"], ".2f") + ("×" if r["speedup"] else ""),
-             _fmt(r["stall_reduction"] and 100 * r["stall_reduction"], ".1f") + ("%" if r["stall_reduction"] else ""),
-             _fmt(r["bytes_ratio"], ".3f", missing="—" if r.get("note") else "not measured"),
-             _fmt(r["final_loss"], ".3f")]
+             fmt(r["median_step_ms"]), fmt(r["cycle_mean_ms"]),
+             fmt(r["accumulate_step_ms"]), fmt(r["update_step_ms"]), fmt(r["compute_ms"]),
+             "(in stall)" if r["stall_includes_io"] else fmt(r["io_ms"]), fmt(r["stall_ms"]),
+             fmt(r["speedup"], ".2f") + ("×" if r["speedup"] else ""),
+             fmt(r["stall_reduction"] and 100 * r["stall_reduction"], ".1f") + ("%" if r["stall_reduction"] else ""),
+             fmt(r["bytes_ratio"], ".3f", missing=MISSING if r.get("note") else "not measured"),
+             fmt(r["final_loss"], ".3f")]
             for r in rows]
-    return tabulate(body, headers=COLUMNS, tablefmt=fmt, disable_numparse=True)
-
-
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    keys = [k for k in rows[0]] if rows else []
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
+    return markdown(body, COLUMNS, tablefmt=tablefmt)
 
 
 def figure(rows: list[dict[str, Any]], path: Path, title: str, subtitle: str) -> None:
     """The paper's Figure 1 style: stacked compute / I/O / stall bars per engine, speedup and stall reduction
     written on the bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     shown = [r for r in rows if r["cycle_mean_ms"] or r.get("note")]  # not run: an empty slot that says why
     names = [r["engine"] for r in shown]
     compute = [r["compute_ms"] or 0 for r in shown]
@@ -180,9 +163,7 @@ def figure(rows: list[dict[str, Any]], path: Path, title: str, subtitle: str) ->
     ax.legend(fontsize=8, loc="upper right", frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     plt.xticks(fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 RANKS = "ranks per run, each on its shard of every batch: torchrun for ours, the DeepSpeed launcher for ds-*"
@@ -208,7 +189,7 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
     text += regime_notes(rows, records)
     ceiling = host_ceiling_note(rows, first, block, out)
     text += [ceiling] if ceiling else []
-    (out / "table.md").write_text("\n".join(text) + "\n")
+    write_text_atomic(out / "table.md", "\n".join(text) + "\n")
     write_csv(rows, out / "table.csv")
     if any(r["cycle_mean_ms"] for r in rows):
         figure(rows, out / "figure.png", "ZenFlow vs ZeRO-Offload, Llama scenario",

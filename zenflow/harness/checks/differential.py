@@ -30,10 +30,10 @@ from zenflow.state import column_states
 # fp32 on both sides; they differ only in summation order (cuBLAS vs the CPU BLAS, reductions), a few ulp (~1e-7
 # relative) per op. TF32 is switched off for the run. Adam divides by sqrt(v) + eps: with the default eps 1e-8 a
 # rounding difference in a near-zero gradient can move a weight by up to lr, so eps is 1e-6 (the update is then
-# Lipschitz in the gradient near 0) and lr 1e-4. Measured on the CPU (tests/test_cuda_differential.py): 16-ulp noise
-# on every batch ends at <= 5% of the tolerance after 24 steps (with eps 1e-8 and lr 1e-3, 1-ulp noise exceeds it
-# 3x). What a race does is far above it: a stale host update is off by ~lr (10x the tolerance), another tensor's
-# values in whole rows or columns by the size of the weights (~1e-2, 1000x).
+# Lipschitz in the gradient near 0) and lr 1e-4. Measured on the CPU (tests/harness/checks/test_cuda_differential.py):
+# 16-ulp noise on every batch ends at <= 5% of the tolerance after 24 steps (with eps 1e-8 and lr 1e-3, 1-ulp noise
+# exceeds it 3x). What a race does is far above it: a stale host update is off by ~lr (10x the tolerance), another
+# tensor's values in whole rows or columns by the size of the weights (~1e-2, 1000x).
 RTOL, ATOL = 1e-4, 1e-5
 DIFF_HYPER = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
 ZENFLOW_CASE = {"topk_ratio": 0.25, "update_interval": 3, "select_interval": 6, "full_warm_up_rounds": 2,
@@ -83,7 +83,7 @@ def make_batches(widths: tuple[int, ...], steps: int, seed: int, rows: int = 32)
 
 
 @contextlib.contextmanager
-def _fp32_matmuls() -> Iterator[None]:
+def fp32_matmuls() -> Iterator[None]:
     """No TF32 while comparing fp32 runs (restored after)."""
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -296,7 +296,7 @@ def run_cases(devices: tuple[str, str], steps: int, cuda: bool) -> tuple[list[di
 def differential_check(cuda: bool, steps: int = 24) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """CUDA vs CPU on a GPU host, then the negative controls; without CUDA, the CPU-vs-CPU self-check (which must
     come out exactly equal) and the controls are "not run"."""
-    with _fp32_matmuls():
+    with fp32_matmuls():
         if not cuda:
             rows, _ = run_cases(("cpu", "cpu"), steps, cuda=False)
             controls = [control(name, None, "needs CUDA streams") for name in CONTROLS]

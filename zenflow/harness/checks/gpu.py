@@ -19,24 +19,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.checks.differential import (  # noqa: F401  (re-exported: tests/test_cuda_differential.py reads them here)
+from zenflow.harness.checks.differential import (  # noqa: F401  (re-exported: tests/harness/checks/test_cuda_differential.py reads them here)
     ATOL,
     CASES,
     CUDA_WIDTHS,
     DIFF_HYPER,
     RTOL,
     SmallNet,
-    _fp32_matmuls,
     compare,
     differential_check,
+    fp32_matmuls,
     make_batches,
     train_case,
 )
 from zenflow.harness.checks.memory import memory_check, memory_verdict, unselected_bound_bytes  # noqa: F401
 from zenflow.harness.checks.verdict import check, guarded, pending, verdict  # noqa: F401  (verdict, guarded: re-exported)
 from zenflow.harness.configs import CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK, SHAPES
+from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import is_deepspeed
+from zenflow.harness.records import RunRecord
+from zenflow.harness.runner import run_in_subprocess
+from zenflow.harness.session import RunSpec
 from zenflow.harness.tables import write_text_atomic
+from zenflow.telemetry.environment import visible_gpus
 
 SCHEMA = "gpu-check/2"
 CHECK_NAMES = ("environment", "differential", "memory", "pcie", "engines")
@@ -52,8 +57,6 @@ LLAMA7B_STEPS = {"warmup_steps": 2, "timed_steps": 4}
 # ---- environment ------------------------------------------------------------------------------------------------
 def environment_report(env: dict[str, Any]) -> dict[str, Any]:
     """What a reader needs first: driver, torch and its CUDA build, and the run's GPUs with their PCIe link."""
-    from zenflow.telemetry.environment import visible_gpus
-
     nvml, tv = env.get("nvml") or {}, env.get("torch") or {}
     keys = ("cuda_index", "index", "pci_bus_id", "name", "pcie_gen", "pcie_width", "pcie_gen_max", "pcie_width_max",
             "pcie_counters")
@@ -110,10 +113,6 @@ def run_engines(plan: list, out: Path, cuda: bool, timeout_s: float = 300,
     """Each run in a fresh process (zenflow.harness.runner); DeepSpeed engines say "not installed" without it.
     `timeout_s` per run: a hung run becomes a failed record, not a hung check. `on_row(rows)` after every run (the
     command saves its record there, so a kill mid-check keeps the finished runs)."""
-    from zenflow.harness.engines.build import deepspeed_config
-    from zenflow.harness.records import RunRecord
-    from zenflow.harness.runner import RunSpec, run_in_subprocess
-
     if not plan:
         return check("engines", "not checked", "no CUDA: the Llama-2-7B shapes run only on a GPU host"), []
     have_ds = importlib.util.find_spec("deepspeed") is not None

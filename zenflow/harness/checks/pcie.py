@@ -29,6 +29,7 @@ import torch
 from zenflow import ZenFlowAdamW
 from zenflow.harness.checks.differential import CASES, DIFF_HYPER, SmallNet, make_batches
 from zenflow.harness.checks.verdict import NOT_RUN, blind_spots, check, control
+from zenflow.telemetry.nvml import NvmlSampler, torch_pci_bus_ids
 
 DIRECTIONS = ("d2h", "h2d")
 COUNTERS = {"d2h": "tx_bytes", "h2d": "rx_bytes"}  # the GPU's end of the link: TX = device to host
@@ -56,8 +57,6 @@ WINDOWS = {"ref-offload": lambda steps: {"block": dict(CASES["ref-offload"][0]),
 
 # ---- measurement (CUDA) -------------------------------------------------------------------------------------------
 def _sampler(bus: list[str | None]) -> Any:
-    from zenflow.telemetry.nvml import NvmlSampler
-
     return NvmlSampler(bus_ids=bus, interval_s=COUNTER_INTERVAL_S, rates=False)  # counters only: short gaps
 
 
@@ -135,8 +134,6 @@ def pcie_check(cuda: bool, widths: tuple[int, ...] = (4096,) * 5, steps: int = 1
     if not cuda:
         return check("pcie", "not checked", "no CUDA: no PCIe link to count",
                      controls=[control("uncounted kind / swapped directions", None, "needs CUDA and NVML")])
-    from zenflow.telemetry.nvml import torch_pci_bus_ids
-
     bus = [(torch_pci_bus_ids() or [None])[torch.cuda.current_device()]]  # the run's own GPU (audit item 13)
     specs = {name: make(steps) for name, make in WINDOWS.items()}
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 # import name -> (distribution, what needs it). The library needs only torch; the rest is the `[harness]` and
-# `[test]` extras of pyproject.toml (tests/test_library_only_torch.py keeps the two in step).
+# `[test]` extras of pyproject.toml (tests/project/test_library_only_torch.py keeps the two in step).
 # REQUIRED: nothing in the harness runs without them.
 REQUIRED = {"torch": ("torch>=2.6", "everything"), "transformers": ("transformers>=4.56", "models"),
             "tabulate": ("tabulate>=0.9", "tables"), "tqdm": ("tqdm>=4.66", "progress bars")}

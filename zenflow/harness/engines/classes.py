@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from zenflow import ZenFlowAdamW
+from zenflow.harness.engines.ds_divergences import repair_zenflow_weight_view
 from zenflow.telemetry.timeline import StepTimeline
 
 
@@ -75,9 +76,12 @@ class TorchEngine(Engine):
         self.clipping = self.ds_config["gradient_clipping"]
         self.optimizer = self.build_optimizer(distributed=ranks is not None)
 
+    accumulate_on = "host"  # where ZenFlowAdamW sums the unselected columns between boundaries (docs/library.md)
+
     def build_optimizer(self, distributed: bool) -> Any:
         """ZenFlowAdamW, which does its own data parallelism over the default group (docs/distributed.md)."""
-        optimizer = ZenFlowAdamW.from_deepspeed_config(self.model.parameters(), self.ds_config)
+        optimizer = ZenFlowAdamW.from_deepspeed_config(self.model.parameters(), self.ds_config,
+                                                       accumulate_on=self.accumulate_on)
         if self.telemetry:
             optimizer.add_observer(self.timeline)
         return optimizer
@@ -117,6 +121,14 @@ class TorchEngine(Engine):
             self.optimizer.close()  # (the process group stays: a rank child exits without teardown, runner.py)
 
 
+class DeviceAccumulationEngine(TorchEngine):
+    """ref-zenflow-da: ZenFlowAdamW summing the unselected columns' gradients on the device and shipping the sum once
+    per update interval (`accumulate_on="device"`, beyond the paper: issue 25); the host runs only the deferred AdamW.
+    Same parameters as ref-zenflow (tests/core/test_device_accumulation.py), fewer bytes per step for U > 4/b."""
+
+    accumulate_on = "device"
+
+
 class NoOffloadEngine(TorchEngine):
     """no-offload: torch.optim.AdamW (fused) on the model's own parameters, the bound when the model fits."""
 
@@ -150,8 +162,6 @@ class DeepSpeedEngine(Engine):
 
         single_process_env()
         if self.repair_weight_view:
-            from zenflow.harness.engines.ds_divergences import repair_zenflow_weight_view
-
             repair_zenflow_weight_view()  # opt-in diagnosis of divergence G, recorded in the run's protocol
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")

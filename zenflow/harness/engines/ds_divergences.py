@@ -1,6 +1,6 @@
 """Opt-in repair of one DeepSpeed 0.19.8 defect, for diagnosis only (never applied by default).
 
-Divergence G (found by tests/test_deepspeed_differential.py): ZenFlow stage 1/2 flattens every 2-D weight
+Divergence G (found by tests/core/test_deepspeed_differential.py): ZenFlow stage 1/2 flattens every 2-D weight
 transposed (`[in, out]`, so that a column is contiguous) and lays its gradients out the same way, but re-views the
 flat buffer as `[out, in]` without transposing it back. From `deepspeed.initialize` on, the module computes with
 W.T's memory read as `[out, in]` (a pretrained model is scrambled), and the host update lands on the transposed

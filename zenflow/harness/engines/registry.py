@@ -14,7 +14,7 @@ somewhere (its class's `unavailable`), and what it holds in memory (its memory f
     report, glue/report                            stall_baseline, control, family
     memory_plan.estimate                           memory, host_share, cycle_rule
 
-Adding an engine is its class (an Engine subclass) and one row in ROWS; tests/test_registry.py does it.
+Adding an engine is its class (an Engine subclass) and one row in ROWS; tests/harness/engines/test_registry.py does it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ from typing import Any, Protocol
 
 import torch
 
-from zenflow.harness.engines.classes import DeepSpeedEngine, Engine, NoOffloadEngine, TorchEngine
+from zenflow.harness.engines.classes import (
+    DeepSpeedEngine,
+    DeviceAccumulationEngine,
+    Engine,
+    NoOffloadEngine,
+    TorchEngine,
+)
 from zenflow.harness.engines.peers import FSDP2Engine, TorchAOEngine
 from zenflow.host import host_bytes
 from zenflow.selection import num_selected
@@ -135,15 +141,20 @@ def memory_on_device(spec: EngineSpec, m: MemoryInputs) -> Footprint:
 
 def memory_ours(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     """ZenFlowAdamW: the host-owned columns' state (our_host_bytes); on the device the fp32 state of the dense
-    parameters and the selected columns, and under overlap the gathered sets in flight and the landing set."""
+    parameters and the selected columns, under overlap the gathered sets in flight and the landing set, and with
+    device accumulation (its class's accumulate_on) the fp32 accumulator of the unselected columns."""
     shape, topk = m.shape, m.block.get("topk_ratio", 0.1)
     overlap = bool(m.block.get("overlap_step", False))
-    pinned, pageable = our_host_bytes(shape, topk, m.b, overlap, m.cuda, int(m.block.get("full_warm_up_rounds", 0)))
+    accumulate_on = getattr(spec.engine_class, "accumulate_on", "host")
+    pinned, pageable = our_host_bytes(shape, topk, m.b, overlap, m.cuda, int(m.block.get("full_warm_up_rounds", 0)),
+                                      accumulate_on)
     host_share = 1 - topk  # the unselected columns' share of each weight
     device: float = m.trained
     device += 12 * (shape.params - shape.column_params) + 12 * (1 - host_share) * shape.column_params  # fp32 state
     if overlap:
         device += 3 * m.b * host_share * shape.column_params
+    if accumulate_on == "device":
+        device += 4 * host_share * shape.column_params
     return Footprint(device, pinned, pageable)
 
 
@@ -196,7 +207,8 @@ def memory_device_fp32(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     return Footprint(m.trained + 12 * m.shape.params, 0, 0)
 
 
-def our_host_bytes(shape: Shape, topk: float, b: int, overlap: bool, cuda: bool, warm_up: int) -> tuple[int, int]:
+def our_host_bytes(shape: Shape, topk: float, b: int, overlap: bool, cuda: bool, warm_up: int,
+                   accumulate_on: str = "host") -> tuple[int, int]:
     """ZenFlowAdamW's host buffers (pinned, pageable) at their peak, from the optimizer's own formula
     (`zenflow.host.host_bytes`, what `host_state_bytes` equals): fp32 master, moments and accumulators of the
     host-owned columns (k = ceil(topk·in) selected; every column while warm-up steps run), and the staging arena
@@ -204,9 +216,9 @@ def our_host_bytes(shape: Shape, topk: float, b: int, overlap: bool, cuda: bool,
     full = shape.matrices()
     host = [numel // width * (width - num_selected(width, topk)) for numel, width in zip(full, shape.widths())]
     held = host_bytes(full if warm_up > 0 else host, b, overlap_step=overlap, cuda=cuda,
-                      arena_elements=full if warm_up > 0 else host)
+                      arena_elements=full if warm_up > 0 else host, accumulate_on=accumulate_on)
     arena = host_bytes([0] * len(full), b, overlap_step=overlap, cuda=cuda,
-                       arena_elements=full if warm_up > 0 else host)
+                       arena_elements=full if warm_up > 0 else host, accumulate_on=accumulate_on)
     return (arena, held - arena) if cuda else (0, held)
 
 
@@ -293,6 +305,8 @@ ROWS = (
     EngineSpec("ref-offload-gas", TorchEngine, "ours", "control", zenflow_block=OFFLOAD_BLOCK,
                cycle_rule="accumulation", memory=memory_ours),
     EngineSpec("ref-zenflow", TorchEngine, "ours", "core", zenflow_block=ASKED, cycle_rule="interval",
+               stall_baseline="ref-offload", control="ref-offload-gas", memory=memory_ours),
+    EngineSpec("ref-zenflow-da", DeviceAccumulationEngine, "ours", "extra", zenflow_block=ASKED, cycle_rule="interval",
                stall_baseline="ref-offload", control="ref-offload-gas", memory=memory_ours),
     EngineSpec("fsdp2-offload", FSDP2Engine, "pytorch", "peer", zero=not_deepspeed, memory=memory_fsdp2),
     EngineSpec("torchao-offload", TorchAOEngine, "pytorch", "peer", zero=not_deepspeed, memory=memory_torchao),

@@ -1,0 +1,84 @@
+"""The docs point at code that exists: every `path.py: name` reference resolves (the file, and the name in it), every
+backticked source path and relative link exists, and every list of engines is the registry's (configs.ENGINES, or
+the configs tuple the text names just before it)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from zenflow.harness import configs
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+IDS = [str(p.relative_to(ROOT)) for p in DOCS]
+
+# `path.py: name`, `path.py:name`, `path.py::test_name` (one backtick span), or `path.py`: `name`
+NAMED = [re.compile(r"`([\w./-]+\.py)::?\s*([A-Za-z_]\w*)`"), re.compile(r"`([\w./-]+\.py)`:\s*`([A-Za-z_]\w*)`")]
+SOURCE_PATH = re.compile(r"`((?:zenflow|tests|bench|reproduce|examples)/[\w./-]*\.py)")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+ENGINE = r"(?:ds-[a-z0-9-]+|ref-[a-z0-9-]+|no-offload(?:-fp32)?|fsdp2-offload|torchao-offload)"
+ENGINE_LIST = re.compile(rf"`{ENGINE}`(?:,\s*(?:and\s+|or\s+)?`{ENGINE}`){{2,}}")  # three or more, comma-separated
+ENGINE_TABLE = re.compile(rf"^\|\s*`({ENGINE})`\s*\|", re.M)  # a table whose rows start with an engine
+SUBSETS = ("CORE_ENGINES", "CONTROL_ENGINES", "PEER_ENGINES")
+
+
+def _names(path: Path) -> set[str]:
+    """Every function, class and assigned name defined anywhere in a Python file."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def _expected(before: str) -> tuple[str, tuple[str, ...]]:
+    """The engine tuple a list must equal: the configs subset named just before it, else all of ENGINES."""
+    named = [s for s in SUBSETS if s in before]
+    return (named[-1], getattr(configs, named[-1])) if named else ("ENGINES", configs.ENGINES)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_named_references_resolve(doc: Path) -> None:
+    text = doc.read_text()
+    for pattern in NAMED:
+        for path, name in pattern.findall(text):
+            assert (ROOT / path).is_file(), f"{doc.name}: `{path}: {name}`: no file {path}"
+            assert name in _names(ROOT / path), f"{doc.name}: `{path}: {name}`: {path} defines no {name}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_source_paths_and_links_exist(doc: Path) -> None:
+    text = doc.read_text()
+    for path in SOURCE_PATH.findall(text):
+        assert (ROOT / path).is_file(), f"{doc.name}: `{path}` does not exist"
+    for link in LINK.findall(text):
+        if re.match(r"[a-z]+:", link) or link.startswith("#"):
+            continue  # a URL or an anchor
+        assert (doc.parent / link.split("#")[0]).exists(), f"{doc.name}: link ({link}) points nowhere"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_engine_lists_are_the_registry(doc: Path) -> None:
+    text = doc.read_text()
+    for token in re.findall(rf"`({ENGINE})`", text):
+        assert token in configs.ENGINES, f"{doc.name}: `{token}` is not an engine (configs.ENGINES)"
+    for match in ENGINE_LIST.finditer(text):
+        listed = tuple(re.findall(r"`([^`]+)`", match.group(0)))
+        name, expected = _expected(text[max(0, match.start() - 120):match.start()])
+        assert listed == expected, f"{doc.name}: the engine list {listed} is not configs.{name} {expected}"
+    rows = tuple(ENGINE_TABLE.findall(text))
+    if rows:
+        assert rows == configs.ENGINES, f"{doc.name}: the engine table's rows {rows} are not configs.ENGINES"
+
+
+def test_the_checks_have_something_to_check() -> None:
+    text = "\n".join(doc.read_text() for doc in DOCS)
+    assert sum(len(p.findall(text)) for p in NAMED) >= 4
+    assert len(ENGINE_LIST.findall(text)) >= 3 and len(ENGINE_TABLE.findall(text)) >= 12  # subsets; full lists link

@@ -1,0 +1,89 @@
+"""Every committed table is made from its committed records only: remaking it from them gives the same bytes
+(issue 12: tables and figures read records only; a change of schema or report shows up here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zenflow.costmodel.presets import load_calibration
+from zenflow.costmodel.projection import projection
+from zenflow.costmodel.validate import validation
+from zenflow.harness.checks import gpu as gpu_check
+from zenflow.harness.records import read_records
+from zenflow.reports.costmodel import write_falsifiable, write_projection, write_validation
+from zenflow.reports.glue import parity_report
+from zenflow.reports.glue_study import SETTINGS, study_report
+from zenflow.reports.scaling import scaling_report
+from zenflow.reports.scenario import scenario_report
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+NO_ENV: dict = {}  # the hardware label comes from the records themselves
+
+
+def _sets(pattern: str) -> list[Path]:
+    return sorted(p.parent for p in RESULTS.glob(pattern)) or pytest.fail(f"no committed {pattern} to check")
+
+
+def _same_files(committed: Path, remade: Path, names: tuple[str, ...]) -> None:
+    """Each of `names` that the remake writes is committed, byte for byte, and each committed one is remade: a
+    committed table that disappears (or one the report stops writing) fails instead of leaving its check out."""
+    checked = 0
+    for name in names:
+        made, kept = (remade / name).exists(), (committed / name).exists()
+        assert made == kept, f"{committed / name}: {'remade but not committed' if made else 'committed but not remade'}"
+        if kept:
+            assert (remade / name).read_bytes() == (committed / name).read_bytes(), f"{committed / name} differs"
+            checked += 1
+    assert checked, f"{committed}: none of {names} to compare"
+
+
+@pytest.mark.parametrize("folder", _sets("llama7b/**/table.md"), ids=lambda p: str(p.relative_to(RESULTS)))
+def test_llama_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    scenario_report(read_records(folder), tmp_path, NO_ENV)
+    _same_files(folder, tmp_path, ("table.md", "table.csv"))
+
+
+@pytest.mark.parametrize("folder", [p for p in _sets("glue/**/table.md") if p.name != "study"],
+                         ids=lambda p: str(p.relative_to(RESULTS / "glue")))
+def test_glue_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    parity_report(read_records(folder), tmp_path, NO_ENV)
+    _same_files(folder, tmp_path, ("table.md", "table.csv", "parity.csv"))
+
+
+@pytest.mark.parametrize("folder", _sets("glue/*/study/table.md"), ids=lambda p: p.parent.name)
+def test_glue_study_table_regenerates_byte_identical(folder: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    settings = {name: read_records(folder / name) for name in SETTINGS if (folder / name).is_dir()}
+    study_report(read_records(folder.parent), settings, tmp_path)
+    _same_files(folder, tmp_path, ("table.md", "table.csv"))
+
+
+@pytest.mark.parametrize("folder", _sets("scaling/*/table.md"), ids=lambda p: p.name)
+def test_scaling_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    runs = sorted((RESULTS / "llama7b" / folder.name).glob("nproc-*"))
+    scaling_report([r for run in runs for r in read_records(run)], tmp_path, NO_ENV)
+    _same_files(folder, tmp_path, ("table.md",))
+
+
+@pytest.mark.parametrize("folder", _sets("costmodel/*/calibration.json"), ids=lambda p: p.name)
+def test_costmodel_tables_regenerate_byte_identical(folder: Path, tmp_path: Path) -> None:
+    cal = load_calibration(folder / "calibration.json", folder.name)
+    rows = validation(cal, folder.name)
+    if rows:
+        write_validation(rows, tmp_path, cal)
+    write_projection(projection(cal), tmp_path, cal)
+    _same_files(folder, tmp_path, ("validation.md", "validation.csv", "projection.md", "projection.csv"))
+    # issue 15: the inverse check, the band and the figure's inputs, where committed (one of them gone fails)
+    falsifiable = ("inverse.md", "inverse.json", "projection-band.md", "projection-band.csv")
+    if any((folder / name).exists() for name in falsifiable):
+        write_falsifiable(cal, rows, tmp_path, folder / "host-adam.json")
+        _same_files(folder, tmp_path, falsifiable)
+
+
+@pytest.mark.parametrize("folder", _sets("gpu-check/*/gpu-check.json"), ids=lambda p: p.name)
+def test_gpu_check_table_regenerates_byte_identical(folder: Path) -> None:
+    record = json.loads((folder / "gpu-check.json").read_text())
+    assert gpu_check.markdown(record) == (folder / "table.md").read_text()

@@ -1,0 +1,101 @@
+"""Small models and gradient streams shared by the tests."""
+
+from __future__ import annotations
+
+import torch
+
+from zenflow import ZenFlowAdamW
+
+
+class Interleaved(torch.nn.Module):
+    """Weights with biases and norm layers between them: 1-D params precede 2-D ones in parameter order."""
+
+    def __init__(self, widths: list[int], dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        layers: list[torch.nn.Module] = []
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+            layers.append(torch.nn.Linear(a, b, dtype=dtype))
+            if i < len(widths) - 2:
+                layers += [torch.nn.LayerNorm(b, dtype=dtype), torch.nn.GELU()]
+        self.net = torch.nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def clone_model(model: torch.nn.Module) -> torch.nn.Module:
+    import copy
+
+    return copy.deepcopy(model)
+
+
+def grad_stream(model: torch.nn.Module, steps: int, seed: int) -> list[list[torch.Tensor]]:
+    """Fixed gradients per step (so staleness cannot change them): oracles compare updates, not training."""
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(p.shape, generator=gen).to(p.dtype) for p in model.parameters()] for _ in range(steps)]
+
+
+def set_grads(model: torch.nn.Module, grads: list[torch.Tensor]) -> None:
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g.clone()
+
+
+def feed(model: torch.nn.Module, opt: torch.optim.Optimizer, grads: list[list[torch.Tensor]], zero_grad: bool = True,
+         record: bool = False) -> list[list[torch.Tensor]]:
+    """The step loop: per step, set its gradients (`set_grads`), `opt.step()`, then `opt.zero_grad()` (unless
+    zero_grad=False: the next step's gradients replace them). record: return the parameters after every step."""
+    after = []
+    for step_grads in grads:
+        set_grads(model, step_grads)
+        opt.step()
+        if zero_grad:
+            opt.zero_grad()
+        if record:
+            after.append([p.detach().clone() for p in model.parameters()])
+    return after
+
+
+def firing_steps(opt: torch.optim.Optimizer, model: torch.nn.Module, grads) -> list[int]:
+    """The steps (from 0) after which the optimizer's `host_updates` grew, feeding `grads` (one list per step)."""
+    fired, before = [], opt.host_updates
+    for t, step_grads in enumerate(grads):
+        feed(model, opt, [step_grads])
+        if opt.host_updates > before:
+            fired.append(t)
+        before = opt.host_updates
+    return fired
+
+
+def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int,
+                start: int = 0) -> list[float]:
+    """Real forward/backward steps on a fixed regression task; batch i depends only on (seed, i)."""
+    width = next(model.parameters()).shape[1]
+    losses = []
+    for i in range(start, start + steps):
+        gen = torch.Generator().manual_seed(seed * 100_003 + i)
+        x = torch.randn(6, width, generator=gen)
+        dtype = next(model.parameters()).dtype
+        loss = (model(x.to(dtype)).float() - 0.5).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+OPTIMIZER_KEYWORDS = ("lr", "weight_decay", "betas", "eps", "gradient_clipping", "skip_nonfinite")
+
+
+def column_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.dim() >= 2]
+
+
+def zenflow(model: torch.nn.Module, **block) -> ZenFlowAdamW:
+    """ZenFlowAdamW over `model`'s parameters: lr 1e-2, weight decay 0.1, select_interval 10 000 unless given;
+    betas, eps, gradient_clipping and skip_nonfinite go to the optimizer, every other keyword to the zenflow block."""
+    block.setdefault("select_interval", 10_000)
+    hyper = {k: block.pop(k) for k in OPTIMIZER_KEYWORDS if k in block}
+    hyper.setdefault("lr", 1e-2)
+    hyper.setdefault("weight_decay", 0.1)
+    return ZenFlowAdamW(model.parameters(), zenflow=block, **hyper)

@@ -1,0 +1,163 @@
+"""Device accumulation (`ZenFlowAdamW(accumulate_on="device")`): the unselected gradient columns are summed on the
+device in fp32 and cross the link once per update interval, instead of every step.
+
+The same algorithm as host accumulation, moved across the link. Every step adds this host's unselected columns of
+the (clipped) gradient into an fp32 accumulator on the parameter's device, in the order and precision the host
+would use (the interval's first gradient is copied, later ones added, each upcast exactly from the gradient's dtype
+after clipping in that dtype), so the sum is the host's bit for bit. At a boundary each accumulator is shipped
+through the link into its host part's landing accumulator (an fp32 view of the staging arena, page-locked on CUDA,
+HostColumns.device_sums) with its count, and the host part only runs the deferred AdamW (host.host_adamw_): inline,
+or on the worker one interval late with overlap_step, exactly as with host accumulation.
+
+Bytes over the link per interval of U steps, per column param with P = out x (host-owned columns) elements and a
+model dtype of b bytes: host accumulation U·b·P down + b·P up; device accumulation 4·P down + b·P up. Device memory:
+4·P per column param (the accumulator). docs/host-worker.md, "Device accumulation".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from zenflow.config import ConfigError
+from zenflow.host import GradCopy, add_upcast_
+from zenflow.link import Link
+from zenflow.selection import as_columns
+from zenflow.state import ColumnState, offloads
+
+
+@dataclass
+class DeviceMasses:
+    """One step's RMS per element of every offloaded parameter's accumulated sum (what host.accumulate_ reports for
+    the "auto" interval), computed on the device and copied to the host without a wait: read AUTO_LAG steps later.
+    Called, it gives the list host.accumulate_ would have returned."""
+
+    numels: list[int]                         # per offloaded parameter: its accumulator's elements
+    norms: torch.Tensor | None = None         # [len(numels)] fp32 on the host (CUDA: pinned, async copy)
+    ready: torch.cuda.Event | None = None     # CUDA: that copy's event
+
+    def __call__(self) -> list[float]:
+        if self.ready is not None:
+            self.ready.synchronize()  # long complete when read
+            self.ready = None
+        norms = [] if self.norms is None else self.norms.tolist()
+        return [norm / max(1, n) ** 0.5 for norm, n in zip(norms, self.numels)]  # host.accumulate_'s expression
+
+
+def accumulate_on_device_(params: list[torch.Tensor], state: dict, link: Link, clip: torch.Tensor | None,
+                          report_mass: bool = False) -> DeviceMasses | None:
+    """Add this step's unselected gradient columns (this host's: `st.unsel`) into each parameter's fp32 device
+    accumulator. `clip`: the step's clipping coefficient on the device, applied in the gradient's dtype as the host
+    would (p.grad stays as backward produced it). `report_mass`: return the step's masses for the "auto" interval."""
+    norms, numels = [], []
+    for p in params:
+        st = state[p]
+        if not offloads(p, st):
+            continue
+        grad = as_columns(p.grad)
+        every_column = st.unsel.numel() == grad.shape[1]  # warm-up, ZeRO-Offload: no gather
+        block = grad if every_column else grad.index_select(1, st.unsel)
+        if clip is not None:
+            block = block * clip if every_column else block.mul_(clip)  # every column: a copy, not p.grad itself
+        _add_(st, block, link)
+        numels.append(st.d_acc.numel())
+        if report_mass:
+            norms.append(torch.linalg.vector_norm(st.d_acc))
+    if not report_mass:
+        return None
+    masses = DeviceMasses(numels)
+    if norms:
+        masses.norms = link.host_empty((len(norms),), torch.float32)
+        masses.norms.copy_(torch.stack(norms), non_blocking=link.cuda)
+        masses.ready = link.compute_event()
+    return masses
+
+
+def _add_(st: ColumnState, block: torch.Tensor, link: Link) -> None:
+    """The interval's first gradient is copied (no zero-fill), later ones added in fp32, as host.accumulate_ does."""
+    if st.d_acc_count == 0:
+        if st.d_acc is None or st.d_acc.shape != block.shape:  # first use, or a rank's block changed width
+            # allocated on the compute stream, which writes it; a replaced one is kept by record_stream until its
+            # last ship has read it (Link.gather_to_host)
+            st.d_acc = torch.empty(block.shape, dtype=torch.float32, device=block.device)
+        link.compute_waits_for(st.d_acc_shipped)  # CUDA: the last ship must have read it (no host wait)
+        st.d_acc_shipped = None
+        st.d_acc.copy_(block)
+    elif st.d_acc.device.type == "cpu":
+        add_upcast_(st.d_acc, block)  # the CPU device: the host's faster upcasting add, same arithmetic
+    else:
+        st.d_acc.add_(block)  # fp32 += the gradient's dtype, upcast exactly
+    st.d_acc_count += 1
+
+
+def ship_(states: list[tuple[torch.Tensor, ColumnState]], link: Link, slot: int) -> list[GradCopy]:
+    """Boundary: every accumulator with gradients in it crosses once, into its host part's landing accumulator of
+    `slot`, and its count with it, so host_adamw_ takes the mean. Bytes are counted now (kind "grads", fp32).
+
+    CUDA: each copy runs on the d2h stream after the adds (Link.gather_to_host orders it by an event); whoever runs
+    the host update waits for it (land_), and the accumulator's next write waits for it on the compute stream. CPU
+    device: a plain copy, now. `states`: every column param's (param, state), frozen ones too (host accumulation
+    keeps their sums for the host update as well)."""
+    shipped = []
+    for _, st in states:
+        if st.d_acc_count == 0:
+            continue
+        part = st.host
+        landing = part.accumulators[slot]
+        link.observers.transfer("d2h", "grads", st.d_acc.numel() * st.d_acc.element_size())
+        st.d_acc_shipped = link.gather_to_host(st.d_acc, None, landing)
+        part.counts[slot] = st.d_acc_count
+        st.d_acc_count = 0
+        shipped.append(GradCopy(part, landing, done=st.d_acc_shipped))
+    return shipped
+
+
+def land_(link: Link, shipped: list[GradCopy]) -> None:
+    """Wait until the shipped sums are on the host (CUDA sync point, per parameter; nothing on the CPU device)."""
+    for copy in shipped:
+        copy.land(link)
+
+
+def landed_then(link: Link, shipped: list[GradCopy], job: Callable[[], object]) -> object:
+    """A host job (the worker's, with overlap_step) that first waits for the interval's sums to land."""
+    land_(link, shipped)
+    return job()
+
+
+# ---- checkpoints: the interval's partial sum, saved as host accumulation holds it --------------------------------
+def interval_sums(st: ColumnState, slot: int) -> tuple[list[torch.Tensor], list[int]]:
+    """(host_accumulators, host_counts) for a checkpoint. Device accumulation saves its partial sum where host
+    accumulation would hold it (the accumulator of `slot`, zeros in the others), so a checkpoint is the same whichever
+    side sums and loads into either; the landing accumulators hold nothing between steps."""
+    part = st.host
+    if not part.device_sums:
+        return list(part.accumulators), list(part.counts)
+    if not part.built:
+        return [], [0] * len(part.counts)
+    sums = [torch.zeros(part.rows, part.n_host) for _ in part.counts]
+    counts = [0] * len(part.counts)
+    if st.d_acc_count:
+        sums[slot] = st.d_acc.to("cpu", torch.float32, copy=True)  # device->host sync (checkpointing only)
+        counts[slot] = st.d_acc_count
+    return sums, counts
+
+
+def check_saved_counts(counts: list[int]) -> None:
+    """Device accumulation holds one partial sum: a checkpoint with two accumulators in use cannot continue on the
+    device (ZenFlowAdamW.state_dict never writes one: the worker has finished every host update when it saves)."""
+    if sum(1 for count in counts if count) > 1:
+        raise ConfigError(f"state_dict host_counts = {counts} is not allowed with accumulate_on='device': expected at "
+                          "most one accumulator with gradients in it (a state_dict saved by ZenFlowAdamW.state_dict)")
+
+
+def restore_sums_(st: ColumnState, accumulators: list[torch.Tensor], counts: list[int], device: torch.device) -> None:
+    """Device accumulation: a checkpoint's partial interval sum (saved by either side; check_saved_counts) goes into
+    the device accumulator; the landing accumulators start empty."""
+    in_use = [i for i, count in enumerate(counts) if count]
+    st.host.counts = [0] * len(st.host.counts)
+    st.d_acc, st.d_acc_count, st.d_acc_shipped = None, 0, None
+    if in_use:
+        st.d_acc = accumulators[in_use[0]].to(device, torch.float32, copy=True)
+        st.d_acc_count = counts[in_use[0]]
