@@ -82,7 +82,7 @@ def held(tmp_path_factory, run_spec):
     out = tmp_path_factory.mktemp("held")
     workload = {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, "device": "cpu", "data": "synthetic"}
     records = {}
-    for engine in ("ref-offload", "ref-zenflow", "no-offload"):
+    for engine in ("ref-offload", "ref-zenflow", "ref-zenflow-da", "no-offload"):
         spec = run_spec(engine, block=DEEPSPEED_EXAMPLES_BLOCK, dtype="bf16", lr=2e-5, weight_decay=0.01,
                         workload=workload, label="plan", warmup_steps=1, timed_steps=4)
         records[engine] = run_in_subprocess(spec, out / f"{engine}.json")
@@ -93,16 +93,18 @@ def held(tmp_path_factory, run_spec):
     return records, plan, shape
 
 
-@pytest.mark.parametrize("engine", ["ref-offload", "ref-zenflow"])
+@pytest.mark.parametrize("engine", ["ref-offload", "ref-zenflow", "ref-zenflow-da"])
 def test_host_state_estimate_within_10_percent(held, engine):
     records, _, shape = held
-    topk = DEEPSPEED_EXAMPLES_BLOCK["topk_ratio"] if engine == "ref-zenflow" else 0.0
-    pinned, pageable = mp.our_host_bytes(shape, topk, 2, engine == "ref-zenflow", False, 0)
+    zenflow = engine != "ref-offload"
+    topk = DEEPSPEED_EXAMPLES_BLOCK["topk_ratio"] if zenflow else 0.0
+    accumulate_on = "device" if engine == "ref-zenflow-da" else "host"
+    pinned, pageable = mp.our_host_bytes(shape, topk, 2, zenflow, False, 0, accumulate_on)
     actual = records[engine].metrics["host_state_bytes"]
     assert abs(pinned + pageable - actual) <= 0.10 * actual, (pinned + pageable, actual)
 
 
-@pytest.mark.parametrize("engine", ["ref-offload", "ref-zenflow", "no-offload"])
+@pytest.mark.parametrize("engine", ["ref-offload", "ref-zenflow", "ref-zenflow-da", "no-offload"])
 def test_peak_rss_estimate_within_10_percent(held, engine):
     records, plan, _ = held
     actual = records[engine].metrics["peak_rss_bytes"]

@@ -23,7 +23,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 ENGINE = r"(?:ds-[a-z0-9-]+|ref-[a-z0-9-]+|no-offload(?:-fp32)?|fsdp2-offload|torchao-offload)"
 ENGINE_LIST = re.compile(rf"`{ENGINE}`(?:,\s*(?:and\s+|or\s+)?`{ENGINE}`){{2,}}")  # three or more, comma-separated
 ENGINE_TABLE = re.compile(rf"^\|\s*`({ENGINE})`\s*\|", re.M)  # a table whose rows start with an engine
-SUBSETS = ("CORE_ENGINES", "CONTROL_ENGINES", "PEER_ENGINES")
+SUBSETS = ("CORE_ENGINES", "CONTROL_ENGINES", "PEER_ENGINES", "BEYOND_ENGINES")
 
 
 def _names(path: Path) -> set[str]:

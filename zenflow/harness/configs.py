@@ -24,6 +24,7 @@ ENGINES = engine_names()
 CORE_ENGINES = engine_names("core")
 CONTROL_ENGINES = engine_names("control")
 PEER_ENGINES = engine_names("peer")
+BEYOND_ENGINES = engine_names("beyond")  # ours beyond the paper (ref-zenflow-da): gpu-check runs them with the core
 
 # DeepSpeedExamples' ZenFlow fine-tuning settings (the Llama-2-7B scenario, reproduce/llama7b.py, the benchmarks,
 # gpu-check). GLUE reselects twice as often (its epochs are short): GLUE_BLOCK.

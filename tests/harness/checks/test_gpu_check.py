@@ -132,7 +132,8 @@ def test_cuda_unusable_only_when_nvml_sees_gpus_and_torch_cannot_use_them():
 def test_the_7b_shapes_are_8_llama2_7b_layers_in_their_own_short_command():
     """F3: 32 layers overran a 10-minute command; 8 layers of Llama-2-7B's shapes, 2 + 4 steps, GPU only."""
     plan = gc.engine_plan(cuda=True, smoke=False, llama7b=True)
-    assert [e for e, _, _ in plan] == ["ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload"]
+    assert [e for e, _, _ in plan] == ["ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload",
+                                      "ref-zenflow-da"]
     for _, workload, steps in plan:
         assert {k: workload[k] for k in ("hidden", "layers", "intermediate", "heads")} == {
             "hidden": 4096, "layers": 8, "intermediate": 11008, "heads": 32}

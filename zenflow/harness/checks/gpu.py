@@ -34,7 +34,7 @@ from zenflow.harness.checks.differential import (  # noqa: F401  (re-exported: t
 )
 from zenflow.harness.checks.memory import memory_check, memory_verdict, unselected_bound_bytes  # noqa: F401
 from zenflow.harness.checks.verdict import check, guarded, pending, verdict  # noqa: F401  (verdict, guarded: re-exported)
-from zenflow.harness.configs import CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK, SHAPES
+from zenflow.harness.configs import BEYOND_ENGINES, CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK, SHAPES
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import is_deepspeed
 from zenflow.harness.records import RunRecord
@@ -99,13 +99,14 @@ def engine_plan(cuda: bool, smoke: bool, llama7b: bool = False) -> list[tuple[st
     tiny = {"model": "cpu-scale", "dtype": "fp32", "seq_len": 16, "hidden": 64, "layers": 2, "intermediate": 128,
             "heads": 4, "data": "synthetic"}
     small = {"model": "cpu-scale", "dtype": "bf16", "seq_len": 512, "micro_batch": 1, "data": "synthetic"}
+    engines = CORE_ENGINES + BEYOND_ENGINES  # the paper's comparison and ours beyond it (ref-zenflow-da)
     if llama7b:
-        return [(e, {**small, **LLAMA7B_SHAPE}, dict(LLAMA7B_STEPS)) for e in CORE_ENGINES] if cuda else []
+        return [(e, {**small, **LLAMA7B_SHAPE}, dict(LLAMA7B_STEPS)) for e in engines] if cuda else []
     if smoke:
         return [(e, tiny, {"warmup_steps": 2, "timed_steps": 4}) for e in ("ref-offload", "ref-zenflow")]
     if not cuda:
-        return [(e, tiny, {"warmup_steps": 2, "timed_steps": 4}) for e in CORE_ENGINES]
-    return [(e, small, {"warmup_steps": 8, "timed_steps": 16}) for e in CORE_ENGINES]
+        return [(e, tiny, {"warmup_steps": 2, "timed_steps": 4}) for e in engines]
+    return [(e, small, {"warmup_steps": 8, "timed_steps": 16}) for e in engines]
 
 
 def run_engines(plan: list, out: Path, cuda: bool, timeout_s: float = 300,

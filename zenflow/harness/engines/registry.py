@@ -52,7 +52,9 @@ TWIN_FLOW_SUB_GROUPS = 16
 
 ASKED = "asked"  # zenflow_block of the ZenFlow engines: the run's own block (deepspeed_config's argument)
 FAMILIES = ("deepspeed", "ours", "pytorch", "bound")  # whose system: DeepSpeed's, ZenFlowAdamW, PyTorch's, no offload
-GROUPS = ("core", "control", "peer", "extra")  # configs.CORE_ENGINES, CONTROL_ENGINES, PEER_ENGINES; extra: the rest
+# configs.CORE_ENGINES, CONTROL_ENGINES, PEER_ENGINES, BEYOND_ENGINES (our variants beyond the paper, run beside the
+# core engines); extra: the rest
+GROUPS = ("core", "control", "peer", "beyond", "extra")
 CYCLE_RULES = ("interval", "accumulation", "step")  # steps per cycle: the block's U, the gradient accumulation U, 1
 
 
@@ -151,10 +153,10 @@ def memory_ours(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     host_share = 1 - topk  # the unselected columns' share of each weight
     device: float = m.trained
     device += 12 * (shape.params - shape.column_params) + 12 * (1 - host_share) * shape.column_params  # fp32 state
-    if overlap:
+    if accumulate_on == "device":  # the fp32 sum in place of the gathered sets: only the landing set under overlap
+        device += (4 + (m.b if overlap else 0)) * host_share * shape.column_params
+    elif overlap:
         device += 3 * m.b * host_share * shape.column_params
-    if accumulate_on == "device":
-        device += 4 * host_share * shape.column_params
     return Footprint(device, pinned, pageable)
 
 
@@ -306,7 +308,7 @@ ROWS = (
                cycle_rule="accumulation", memory=memory_ours),
     EngineSpec("ref-zenflow", TorchEngine, "ours", "core", zenflow_block=ASKED, cycle_rule="interval",
                stall_baseline="ref-offload", control="ref-offload-gas", memory=memory_ours),
-    EngineSpec("ref-zenflow-da", DeviceAccumulationEngine, "ours", "extra", zenflow_block=ASKED, cycle_rule="interval",
+    EngineSpec("ref-zenflow-da", DeviceAccumulationEngine, "ours", "beyond", zenflow_block=ASKED, cycle_rule="interval",
                stall_baseline="ref-offload", control="ref-offload-gas", memory=memory_ours),
     EngineSpec("fsdp2-offload", FSDP2Engine, "pytorch", "peer", zero=not_deepspeed, memory=memory_fsdp2),
     EngineSpec("torchao-offload", TorchAOEngine, "pytorch", "peer", zero=not_deepspeed, memory=memory_torchao),
