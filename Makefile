@@ -70,10 +70,11 @@ gpu-7b: install
 gpu-check: install
 	$(PY) reproduce/gpu_check.py $(ARGS)
 
-# Cost model: calibrate on this machine (≈5 min) and measure its host AdamW kernels, validate against the committed
-# cpu-scale records, project to A100 / H100 as a band, solve the inputs the published step times imply, draw the
-# sensitivity figure (results/costmodel/<hardware-id>/). ARGS=--no-calibrate reuses the calibration record;
-# ARGS=--run-validation reruns the cpu-scale validation runs first (≈30 min).
+# Cost model: calibrate on this machine (≈5 min) and measure its host AdamW kernels, run a same-day validation
+# sample (25 runs, ≈5-7 min) and validate against it, project to A100 / H100 as a band, solve the inputs the published
+# step times imply, draw the sensitivity figure (results/costmodel/<hardware-id>/). ARGS=--no-sample validates against
+# the committed full validation, ARGS=--run-validation reruns it (≈30 min); runs more than 12 h from the calibration
+# are refused unless ARGS=--allow-old-runs. ARGS=--no-calibrate reuses the calibration record.
 project: install
 	$(PY) reproduce/project.py $(ARGS)
 

@@ -16,6 +16,7 @@ from zenflow.costmodel import presets
 from zenflow.costmodel.model import ENGINES, Block, CostModelError, Inputs, best_block, predict, transfer_bytes
 from zenflow.costmodel.validate import validation
 from zenflow.costmodel.whatif import main
+from zenflow.reports.costmodel import committed_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 COSTMODEL = ROOT / "results" / "costmodel"
@@ -167,7 +168,7 @@ def test_validation_table_regenerates_from_committed_records(folder: Path | None
     if folder is None:
         _missing_validation_table()
     cal = presets.load_calibration(folder / "calibration.json", expect_hardware_id=folder.name)
-    rows = validation(cal, folder.name)
+    rows = validation(cal, folder.name, runs=committed_runs(folder))
     with open(folder / "validation.csv") as f:
         committed = list(csv.DictReader(f))
     assert [(r["seq"], r["engine"]) for r in rows] == [(int(c["seq"]), c["engine"]) for c in committed]
@@ -203,7 +204,8 @@ def test_deepspeed_stall_is_fitted_at_seq16_like_its_other_constants(folder: Pat
     if folder is None:
         _missing_validation_table()
     cal = presets.load_calibration(folder / "calibration.json", expect_hardware_id=folder.name)
-    fitted = [r for r in _project_module().validation(cal, folder.name) if r["fitted_here"]]
+    fitted = [r for r in _project_module().validation(cal, folder.name, runs=committed_runs(folder))
+              if r["fitted_here"]]
     assert fitted, "no DeepSpeed row at the fitting sequence"
     for r in fitted:  # at the fitting point the prediction reproduces the measurement, stall included
         assert r["predicted_stall_ms"] == pytest.approx(r["measured_stall_ms"], rel=1e-9)

@@ -10,10 +10,10 @@ import pytest
 
 from zenflow.costmodel.presets import load_calibration
 from zenflow.costmodel.projection import projection
-from zenflow.costmodel.validate import validation
+from zenflow.costmodel.validate import validation, validation_dating
 from zenflow.harness.checks import gpu as gpu_check
 from zenflow.harness.records import read_records
-from zenflow.reports.costmodel import write_falsifiable, write_projection, write_validation
+from zenflow.reports.costmodel import committed_runs, write_falsifiable, write_projection, write_validation
 from zenflow.reports.glue import parity_report
 from zenflow.reports.glue_study import SETTINGS, study_report
 from zenflow.reports.scaling import scaling_report
@@ -71,11 +71,13 @@ def test_scaling_table_regenerates_byte_identical(folder: Path, tmp_path: Path, 
 @pytest.mark.parametrize("folder", _sets("costmodel/*/calibration.json"), ids=lambda p: p.name)
 def test_costmodel_tables_regenerate_byte_identical(folder: Path, tmp_path: Path) -> None:
     cal = load_calibration(folder / "calibration.json", folder.name)
-    rows = validation(cal, folder.name)
+    runs = committed_runs(folder)  # issue 26: the same-day sample or the full validation, as validation.json says
+    rows = validation(cal, folder.name, runs=runs)
     if rows:
-        write_validation(rows, tmp_path, cal)
+        write_validation(rows, tmp_path, cal, validation_dating(cal, folder.name, runs=runs))
     write_projection(projection(cal), tmp_path, cal)
-    _same_files(folder, tmp_path, ("validation.md", "validation.csv", "projection.md", "projection.csv"))
+    _same_files(folder, tmp_path, ("validation.md", "validation.csv", "validation.json", "projection.md",
+                                   "projection.csv"))
     # issue 15: the inverse check, the band and the figure's inputs, where committed (one of them gone fails)
     falsifiable = ("inverse.md", "inverse.json", "projection-band.md", "projection-band.csv")
     if any((folder / name).exists() for name in falsifiable):

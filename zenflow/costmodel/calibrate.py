@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,7 @@ def _round_in_child(smoke: bool, seq_lens: tuple[int, ...], repeats: int) -> dic
 def calibrate(seq_lens: tuple[int, ...] = CAL_SEQS, repeats: int = 5, smoke: bool = False,
               rounds: int = ROUNDS) -> dict[str, Any]:
     env = capture_environment()
+    taken_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # validated only against runs near it
     w = Workload(**(SMOKE_SHAPE if smoke else {}))
     model = build_model(w)
     facts = model_facts(model)
@@ -194,7 +196,7 @@ def calibrate(seq_lens: tuple[int, ...] = CAL_SEQS, repeats: int = 5, smoke: boo
         measured[name], spreads[name] = combine(runs)
     worst, where = largest_spread(spreads)
     contention = _contention(build_model(w), w, repeats)
-    return {"schema": SCHEMA, "hardware_id": env["hardware_id"], "environment": env,
+    return {"schema": SCHEMA, "hardware_id": env["hardware_id"], "environment": env, "taken_at": taken_at,
             "workload": w.to_dict(), "model": facts, "element_bytes": model.lm_head.weight.element_size(),
             "column_elements": facts["column_parameters"], "calibration_seq_lens": list(seq_lens),
             "loops": measured, "contention": contention, "repeats": repeats, "rounds": rounds,

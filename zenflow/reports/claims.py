@@ -98,6 +98,15 @@ def _scenario(record: dict[str, Any]) -> str:
     return f"{record['model']['parameters'] / 1e6:.1f}M-param Llama, {w['dtype']}, seq {w['seq_len']}"
 
 
+def _days(dating: dict[str, Any]) -> str:
+    """When a validation's runs were taken, in days ("2026-11-24" or "2026-11-22 – 2026-11-24"), and how far from
+    its calibration at most (issue 26: a count is only as good as the day its runs and calibration share)."""
+    first, last = (t[:10] for t in dating["runs_taken"])
+    apart = f"≤ {dating['apart_h']:.0f} h" if dating["apart_h"] is not None else "an unknown time"
+    over = f", beyond the {dating['bound_h']:.0f} h bound" if dating["over_bound"] else ""
+    return f"runs of {first if first == last else f'{first} – {last}'}, {apart} from the calibration{over}"
+
+
 def _within(rows: list[dict[str, Any]], pct: float = 15.0) -> tuple[int, int]:
     """Validation points (DeepSpeed's fitted ones excluded) whose |error| is within pct, and how many there are."""
     points = [r for r in rows if r["fitted_here"] != "True"]
@@ -113,6 +122,7 @@ def speedup_numbers(f: Files) -> dict[str, Any]:
     a100, h100 = proj[("a100", "Llama-2-7B")], proj[("h100", "Llama-2-7B")]
     xeon_in, xeon_n = _within(f.csv(f"costmodel/{XEON}/validation.csv"))
     epyc_in, epyc_n = _within(f.csv(f"{COST}/validation.csv"))
+    xeon_days, epyc_days = _days(f.json(f"costmodel/{XEON}/validation.json")), _days(f.json(f"{COST}/validation.json"))
     record = f.json(f"{LLAMA_XEON}/ref-zenflow-r0.json")
     return {"zf": run["ref-zenflow"]["speedup"], "zf_ms": run["ref-zenflow"]["cycle_mean_ms"],
             "ds_ms": run["ds-zero-offload"]["cycle_mean_ms"], "ds_zf": run["ds-zenflow"]["speedup"],
@@ -121,7 +131,8 @@ def speedup_numbers(f: Files) -> dict[str, Any]:
             "a100": a100["speedup"], "h100": h100["speedup"],
             "a100_low": band[("a100", "Llama-2-7B")]["low"], "a100_high": band[("a100", "Llama-2-7B")]["high"],
             "h100_low": band[("h100", "Llama-2-7B")]["low"], "h100_high": band[("h100", "Llama-2-7B")]["high"],
-            "xeon_in": xeon_in, "xeon_n": xeon_n, "epyc_in": epyc_in, "epyc_n": epyc_n,
+            "xeon_in": xeon_in, "xeon_n": xeon_n, "epyc_in": epyc_in, "epyc_n": epyc_n, "xeon_days": xeon_days,
+            "epyc_days": epyc_days,
             "rho_blog": inv["rho_blog"], "rho": inv["projection_rho"],
             "hw": record["environment"]["hardware_id"], "scenario": _scenario(record)}
 
@@ -245,13 +256,14 @@ CLAIMS = (
     Claim("up to 5× end-to-end speedup over ZeRO-Offload", "Fig. 1: A100 {a100_paper}, H100 {h100_paper} (Llama-2-7B)",
           (f"{LLAMA_XEON}/table.csv", f"{LLAMA_XEON}/ref-zenflow-r0.json", f"{COST}/projection.csv",
            f"{COST}/projection-band.csv", f"{COST}/inverse.json", f"costmodel/{XEON}/validation.csv",
-           f"{COST}/validation.csv"), speedup_numbers,
+           f"{COST}/validation.csv", f"costmodel/{XEON}/validation.json", f"{COST}/validation.json"), speedup_numbers,
           "ref-zenflow **{zf:.2f}×** DeepSpeed ZeRO-Offload ({zf_ms:.1f} vs {ds_ms:.1f} ms/step); DeepSpeed's ZenFlow "
           "**{ds_zf:.2f}×**; ref-zenflow {ours:.2f}× ref-offload (" + TABLE_XEON + ")",
           "Llama-2-7B: A100 **{a100:.1f}×**, H100 **{h100:.1f}×** ([projection](" + COST + "/projection.md)); over "
           "host assumptions A100 {a100_low:.1f}–{a100_high:.1f}×, H100 {h100_low:.1f}–{h100_high:.1f}× ([band]("
           + COST + "/projection-band.md)); within 15% of the measured step at {xeon_in} of {xeon_n} points "
-          "([Xeon](costmodel/" + XEON + "/validation.md)), {epyc_in} of {epyc_n} ([EPYC](" + COST + "/validation.md))."
+          "([Xeon](costmodel/" + XEON + "/validation.md): {xeon_days}), {epyc_in} of {epyc_n} ([EPYC](" + COST
+          + "/validation.md): {epyc_days})."
           " Below Fig. 1: the published step times imply ρ = {rho_blog:.0f}, we assume {rho:.1f} ([inverse check]("
           + COST + "/inverse.md))",
           "{hw}: {scenario}", LLAMA_RUN + "; `make project`"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,45 @@ from zenflow.harness.engines.registry import is_deepspeed
 from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
 
 
-def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any]) -> str:
+def span_text(span: list[str | None]) -> str:
+    """"between 2026-11-24 23:40 and 2026-11-25 00:01 UTC" (the day not repeated when the same; one time when the
+    two are equal) from a `dating` span of ISO times; "at an unknown time" when either end is unknown."""
+    if None in span:
+        return "at an unknown time"
+    a, b = (datetime.fromisoformat(t).astimezone(timezone.utc) for t in span)
+    if a == b:
+        return f"at {a:%Y-%m-%d %H:%M} UTC"
+    return f"between {a:%Y-%m-%d %H:%M} and {b:{'%H:%M' if a.date() == b.date() else '%Y-%m-%d %H:%M'}} UTC"
+
+
+def age_warning(dating: dict[str, Any]) -> str | None:
+    """The line a validation beyond the age bound opens with (None within it)."""
+    if not dating["over_bound"]:
+        return None
+    apart = (f"up to {dating['apart_h']:.1f} h apart" if dating["apart_h"] is not None else
+             "an unknown time apart")
+    return (f"> **Warning: runs and calibration {apart}, beyond the {dating['bound_h']:.0f} h bound: this VM's speed "
+            "changes between days, so the counts below may measure the days, not the model (issue 26).**")
+
+
+def age_line(dating: dict[str, Any]) -> str:
+    """When the runs and the calibration were taken, and how far apart (the table's second paragraph)."""
+    apart = f"at most {dating['apart_h']:.1f} h apart" if dating["apart_h"] is not None else "how far apart unknown"
+    git = (" Records and calibrations made before issue 26 carry no time: each is dated from git, between the commit "
+           "it ran at and the commit that added it." if dating["dated_by_git"] else "")
+    return (f"Taken: runs {span_text(dating['runs_taken'])}, calibration {span_text(dating['calibration_taken'])}: "
+            f"{apart} (bound {dating['bound_h']:.0f} h).{git}")
+
+
+def committed_runs(out: Path) -> str:
+    """Which runs the validation in `out` compared with ("sample" or "full"), as its validation.json says; "full"
+    for a table made before there was a sample (issue 26)."""
+    path = out / "validation.json"
+    return json.loads(path.read_text())["runs"] if path.exists() else "full"
+
+
+def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any], dating: dict[str, Any]) -> str:
+    """validation.md / .csv, and validation.json (when runs and calibration were taken: `validate.dating`)."""
     body = [[r["seq"], fmt(r["opt_to_compute_measured"], ".2f"), r["engine"] + (" †" if r["fitted_here"] else ""),
              r["runs"], fmt(r["measured_cycle_ms"]), fmt(r["predicted_cycle_ms"]), f"{r['error_pct']:+.1f}%",
              f"{fmt(r['measured_accumulate_ms'])} / {fmt(r['predicted_accumulate_ms'])}",
@@ -30,11 +69,14 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
     ours = [abs(r["error_pct"]) for r in quiet if not is_deepspeed(r["engine"])]
     theirs = [abs(r["error_pct"]) for r in quiet if is_deepspeed(r["engine"]) and not r["fitted_here"]]
     ratios = [r["opt_to_compute_measured"] for r in rows if r["opt_to_compute_measured"] is not None]
+    warning = age_warning(dating)
     text = "\n".join([
+        *([warning, ""] if warning else []),
         f"# Cost model validation — {cal['hardware_id']} (cpu-scale, measured vs predicted)", "",
+        age_line(dating), "",
         f"Calibration: `calibration.json` (short training loops at seq {cal['calibration_seq_lens']}; "
-        f"no end-to-end run is used for our engines). Runs: {runs_source(cal['hardware_id'])}. ZenFlow block: "
-        "topk 0.1, update interval 4, overlap.", "",
+        f"no end-to-end run is used for our engines). Runs: {runs_source(cal['hardware_id'], runs=dating['runs'])}. "
+        "ZenFlow block: topk 0.1, update interval 4, overlap.", "",
         markdown(body, heads), "",
         f"- Our engines, runs on a quiet machine (neighbour jobs < {100 * QUIET:.0f}% of the run): max |error| "
         f"{max(ours):.1f}%, median {statistics.median(ours):.1f}%; {sum(e <= 15 for e in ours)} of {len(ours)} "
@@ -51,6 +93,8 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
         "- Why it misses where it misses: docs/cost-model.md (Validation)."])
     write_text_atomic(out / "validation.md", text + "\n")
     write_csv(rows, out / "validation.csv")
+    write_text_atomic(out / "validation.json", json.dumps({"hardware_id": cal["hardware_id"], **dating}, indent=1)
+                      + "\n")
     return text
 
 
