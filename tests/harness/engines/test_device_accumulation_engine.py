@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import TINY_WORKLOAD
 from zenflow.harness.runner import run_in_subprocess
 
 BLOCK = {"topk_ratio": 0.1, "update_interval": 4, "overlap_step": True, "full_warm_up_rounds": 0,
@@ -28,9 +27,9 @@ def records(tmp_path_factory, run_spec):
     done = {}
     for dtype in ("fp32", "bf16"):
         for engine in ("ref-zenflow", "ref-zenflow-da"):
-            workload = {**TINY_WORKLOAD, "dtype": dtype, "device": "cpu"}
-            spec = run_spec(engine, block=BLOCK, dtype=dtype, workload=workload, warmup_steps=4,
-                            timed_steps=8, telemetry=True, threads=1)  # the byte counters
+            spec = run_spec(engine, block=BLOCK, dtype=dtype, warmup_steps=4, timed_steps=8, telemetry=True,
+                            threads=1)  # telemetry: the byte counters
+            spec.workload.update(dtype=dtype, device="cpu")  # the tiny workload (a fresh copy) in this dtype
             done[engine, dtype] = run_in_subprocess(spec, out / f"{engine}-{dtype}.json")
             assert done[engine, dtype].status == "ok", done[engine, dtype].error
     return done
