@@ -32,7 +32,7 @@ import dp_rank
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import Interleaved, column_params, grad_stream, set_grads, train_steps
+from helpers import Interleaved, column_params, grad_stream, set_grads, train_on_global_batches, train_steps
 
 import zenflow.optimizer as optimizer_module
 from zenflow import ZenFlowAdamW
@@ -410,13 +410,7 @@ def one_process(config: dict, steps: int = 12) -> dict:
     """The run in one process on the global batch (tests/core/test_distributed.py's reference), host accumulation."""
     model = dp_rank.build_model()
     opt = ZenFlowAdamW(model.parameters(), process_group=False, **config)
-    share = dp_rank.GLOBAL_BATCH // WORLD
-    for x, y in dp_rank.global_batches(steps):
-        for r in range(WORLD):
-            rows = slice(r * share, (r + 1) * share)
-            (torch.nn.functional.mse_loss(model(x[rows]), y[rows]) / WORLD).backward()
-        opt.step()
-        opt.zero_grad()
+    train_on_global_batches(model, opt, dp_rank.global_batches(steps), WORLD)
     opt.close()
     return model.state_dict()
 

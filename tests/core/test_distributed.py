@@ -20,6 +20,7 @@ from pathlib import Path
 import dp_rank
 import pytest
 import torch
+from helpers import train_on_global_batches
 
 from zenflow import ZenFlowAdamW
 from zenflow.checkpoint import consolidate, shard
@@ -68,13 +69,7 @@ def one_process(config: dict, steps: int = 12, start_state: dict | None = None, 
     if start_state is not None:
         model.load_state_dict(start_state["model"])
         opt.load_state_dict(start_state["optimizer"])
-    share = dp_rank.GLOBAL_BATCH // WORLD
-    for x, y in dp_rank.global_batches(steps)[start:]:
-        for r in range(WORLD):
-            rows = slice(r * share, (r + 1) * share)
-            (torch.nn.functional.mse_loss(model(x[rows]), y[rows]) / WORLD).backward()
-        opt.step()
-        opt.zero_grad()
+    train_on_global_batches(model, opt, dp_rank.global_batches(steps)[start:], WORLD)
     if host_bytes is not None:
         host_bytes += [opt.host_state_bytes, opt.host_staging_bytes]
     opt.close()

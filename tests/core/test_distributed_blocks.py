@@ -17,6 +17,7 @@ from pathlib import Path
 
 import dp_asymmetric_rank as rank_script
 import torch
+from helpers import train_on_global_batches
 
 from zenflow import ZenFlowAdamW
 from zenflow.distributed import block_of, owner_of
@@ -47,13 +48,7 @@ def one_process(steps: int) -> dict[str, torch.Tensor]:
     (tests/core/test_distributed.py)."""
     model = rank_script.odd_model()
     opt = ZenFlowAdamW(model.parameters(), process_group=False, **CONFIG)
-    share = rank_script.GLOBAL_BATCH // WORLD
-    for x, y in rank_script.odd_batches(steps):
-        for r in range(WORLD):
-            rows = slice(r * share, (r + 1) * share)
-            (torch.nn.functional.mse_loss(model(x[rows]), y[rows]) / WORLD).backward()
-        opt.step()
-        opt.zero_grad()
+    train_on_global_batches(model, opt, rank_script.odd_batches(steps), WORLD)
     opt.close()
     return rank_script.snapshot(model)
 

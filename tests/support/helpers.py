@@ -99,3 +99,15 @@ def zenflow(model: torch.nn.Module, **block) -> ZenFlowAdamW:
     hyper.setdefault("lr", 1e-2)
     hyper.setdefault("weight_decay", 0.1)
     return ZenFlowAdamW(model.parameters(), zenflow=block, **hyper)
+
+
+def train_on_global_batches(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list, world: int) -> None:
+    """What `world` data-parallel ranks compute together, in one process: each global batch as `world` micro-batches
+    of loss / world, gradients accumulated, then one step (the reference of the two-rank tests)."""
+    for x, y in batches:
+        share = x.shape[0] // world
+        for r in range(world):
+            rows = slice(r * share, (r + 1) * share)
+            (torch.nn.functional.mse_loss(model(x[rows]), y[rows]) / world).backward()
+        opt.step()
+        opt.zero_grad()
