@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ import torch
 from zenflow.adam import AdamWHyper, adamw_
 from zenflow.costmodel.model import CostModelError
 from zenflow.costmodel.presets import load_calibration
+from zenflow.costmodel.validate import utc_now
 from zenflow.harness.checks.arguments import int_at_least
 from zenflow.harness.configs import TINY_LLAMA_SHAPE
 from zenflow.harness.engines.build import deepspeed_config
@@ -183,7 +183,7 @@ def _round_in_child(smoke: bool, seq_lens: tuple[int, ...], repeats: int) -> dic
 def calibrate(seq_lens: tuple[int, ...] = CAL_SEQS, repeats: int = 5, smoke: bool = False,
               rounds: int = ROUNDS) -> dict[str, Any]:
     env = capture_environment()
-    taken_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # validated only against runs near it
+    taken_at = utc_now()  # validated only against runs near it (the same clock as the runs' taken_at)
     w = Workload(**(SMOKE_SHAPE if smoke else {}))
     model = build_model(w)
     facts = model_facts(model)
