@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait-quiet", type=float, default=180, help="wait up to this many seconds until no other "
                     "heavy job (training run, benchmark, compiler) runs on this machine")
     ap.add_argument("--compare", type=_calibration_record, nargs=2, metavar=("A", "B"), default=None,
-                    help=f"compare two calibration records: the numbers that differ by more than {AGREEMENT_BOUND:.0%}")
+                    help=f"compare two calibration records: the numbers differing by more than "
+                    f"{100 * AGREEMENT_BOUND:.0f}%%")
     ap.add_argument("--seqs", type=int, nargs="+", default=list(CAL_SEQS), help=argparse.SUPPRESS)
     ap.add_argument("--one-round", type=Path, default=None, help=argparse.SUPPRESS)  # a round's child process
     args = ap.parse_args(argv)
