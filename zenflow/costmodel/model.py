@@ -11,11 +11,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-ENGINES = ("no-offload", "zero-offload", "zero-offload-dpu", "zero-offload-gas", "zenflow-sync", "zenflow-overlap")
+ENGINES = ("no-offload", "zero-offload", "zero-offload-dpu", "zero-offload-gas", "zenflow-sync", "zenflow-overlap",
+           "zenflow-da-sync", "zenflow-da-overlap")
+ACCUMULATOR_BYTES = 4.0  # device accumulation ships an fp32 sum (device_accumulation.py)
 
 
 class CostModelError(ValueError):
     """Inputs the model cannot use (missing, non-positive, unknown preset, foreign calibration record)."""
+
+
+OPTIONAL = ("fb_ms_no_offload", "device_accum_gelem_s", "device_accum_gelem_s_overlap")
 
 
 @dataclass(frozen=True)
@@ -43,13 +48,16 @@ class Inputs:
     host_slowdown: float = 1.0     # host work slowed by busy device work
     grad_copy_hidden: bool = False  # the gradient copy overlaps backward (GPU: DeepSpeed copies buckets early)
     fb_ms_no_offload: float | None = None  # forward+backward in the no-offload loop when it differs (cpu-scale)
+    device_accum_gelem_s: float | None = None  # device accumulation: gather + fp32 add of the unselected columns on
+    #                                            the device, sync layout (None: the host's rate `accum_gelem_s`)
+    device_accum_gelem_s_overlap: float | None = None  # the same with the overlap layout (None: `accum_gelem_s_worker`)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool):
                 continue
-            if value is None and f.name == "fb_ms_no_offload":
+            if value is None and f.name in OPTIONAL:
                 continue
             if value is None or not isinstance(value, (int, float)) or math.isnan(value):
                 raise CostModelError(f"{f.name} = {value!r}: a number is required")
@@ -97,8 +105,11 @@ def selection_exchange_bytes(columns: float, column_params: float, grad_bytes: f
     return {"norm_bytes": norms, "gradient_bytes": gradients, "ratio": gradients / norms}
 
 
-def transfer_bytes(n: float, b: float, r: float, interval: int) -> float:
-    """docs/design.md §2: ZeRO-Offload 2·N·b; ZenFlow (1-r)·N·b·(1 + 1/U)."""
+def transfer_bytes(n: float, b: float, r: float, interval: int, device_accumulation: bool = False) -> float:
+    """docs/design.md §2: ZeRO-Offload 2·N·b; ZenFlow (1-r)·N·b·(1 + 1/U); with device accumulation the fp32 sum
+    down and the parameters up once per interval, (1-r)·N·(4 + b)/U."""
+    if device_accumulation:
+        return (1 - r) * n * (ACCUMULATOR_BYTES + b) / interval
     return (1 - r) * n * b * (1 + 1 / interval)
 
 
@@ -116,6 +127,8 @@ def predict(x: Inputs, engine: str, block: Block | None = None) -> Prediction:
         block = Block(0.0, (block or Block()).update_interval, False)
     elif engine in ("zenflow-sync", "zenflow-overlap"):
         block = replace(block or Block(), overlap_step=engine == "zenflow-overlap")
+    elif engine in ("zenflow-da-sync", "zenflow-da-overlap"):
+        return _device_accumulation(x, replace(block or Block(), overlap_step=engine == "zenflow-da-overlap"), engine)
     else:
         raise CostModelError(f"engine = {engine!r}: expected one of {ENGINES}")
     r, u = block.topk_ratio, block.update_interval
@@ -147,6 +160,37 @@ def predict(x: Inputs, engine: str, block: Block | None = None) -> Prediction:
     upd = device + up + stall
     cycle = ((u - 1) * device + upd) / u
     return Prediction(engine, device if u > 1 else None, upd, cycle, device, up / u, stall / u, bytes_step)
+
+
+def _device_accumulation(x: Inputs, block: Block, engine: str) -> Prediction:
+    """ZenFlow with the unselected columns summed on the device (docs/cost-model.md, "Device accumulation"): every
+    step the device gathers them into its fp32 accumulator; once per interval the sum crosses (4 B per element,
+    contiguous) and the host runs AdamW only, then the columns go back as with host accumulation."""
+    n, b = x.column_params, x.dtype_bytes
+    r, u = block.topk_ratio, block.update_interval
+    host_n = (1 - r) * n * (r < 1)
+    ship = host_n * ACCUMULATOR_BYTES / (x.d2h_gbps * 1e6)
+    up = host_n * b / ((x.scatter_gbps if 0 < r < 1 else x.h2d_gbps) * 1e6)
+    bytes_step = transfer_bytes(n, b, r, u, device_accumulation=True) * (r < 1)
+    if not block.overlap_step:
+        rate = x.device_accum_gelem_s or x.accum_gelem_s
+        device = x.fb_ms + x.device_base_ms + r * n * x.device_col_ns / 1e6 + _ms(host_n, rate)
+        host = _ms(host_n, x.adamw_gelem_s)
+        upd = device + ship + host + up
+        return Prediction(engine, device if u > 1 else None, upd, ((u - 1) * device + upd) / u, device,
+                          (ship + up) / u, host / u, bytes_step)
+    # overlap: the device's per-step work grows by the accumulation; the worker only waits for the shipped sum and
+    # runs AdamW once per cycle. The same FIFO queue and contention rule as host accumulation.
+    rate = x.device_accum_gelem_s_overlap or x.accum_gelem_s_worker
+    device_alone = x.fb_ms_overlap + x.device_base_ms_overlap + r * n * x.device_col_ns / 1e6 + _ms(host_n, rate)
+    worker_alone = ship + _ms(host_n, x.adamw_gelem_s_worker)
+    train_alone = u * device_alone + up
+    busy = min(1.0, worker_alone / train_alone)
+    device = device_alone * (1 + (x.compute_slowdown - 1) * busy)
+    stall = max(0.0, worker_alone * x.host_slowdown - (u * device + up))
+    upd = device + up + stall
+    return Prediction(engine, device if u > 1 else None, upd, ((u - 1) * device + upd) / u, device,
+                      (ship + up) / u, stall / u, bytes_step)
 
 
 def predict_all(x: Inputs, block: Block | None = None) -> dict[str, Prediction]:

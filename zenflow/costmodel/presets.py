@@ -17,6 +17,7 @@ BYTES_DEVICE_COL = 40.0  # per selected element: gather grad (2 r + 4 w), fp32 A
 BYTES_DEVICE_ADAMW = 32.0  # no-offload, per param: bf16 param r+w 4, grad 2 (+2 norm), fp32 master/m/v r+w 24
 BYTES_HOST_ADAMW = 30.0  # host AdamW per element: fp32 master/m/v r+w 24, fp32 grad 4, bf16 upload cast 2
 BYTES_HOST_ACCUM = 10.0  # host accumulation per element: bf16 staging 2, fp32 accumulator r+w 8
+BYTES_DEVICE_ACCUM = 14.0  # device accumulation per element: gather bf16 r+w 4, then fp32 += bf16: 2 + 4 r, 4 w
 
 # name: (label, bf16 dense TFLOP/s, HBM GB/s, host link GB/s per direction, device GB, host cores per GPU,
 #        host memory GB/s per GPU, sources)
@@ -119,7 +120,12 @@ def cpu_scale_inputs(cal: dict[str, Any], seq_len: int, micro_batch: int = 1) ->
         accum_gelem_s=n / off["host_accumulate"] / 1e6, adamw_gelem_s=n / off["host_update"] / 1e6,
         accum_gelem_s_worker=host_n / zen["host_accumulate"] / 1e6,
         adamw_gelem_s_worker=host_n / zen["host_update"] / 1e6,
-        compute_slowdown=cal["contention"]["compute_slowdown"], host_slowdown=cal["contention"]["host_slowdown"])
+        compute_slowdown=cal["contention"]["compute_slowdown"], host_slowdown=cal["contention"]["host_slowdown"],
+        # device accumulation: the "device" is these cores, so its gather + add run at the host's copy and
+        # accumulation rates of the layout (sync: 2 threads, plain-copy rate; overlap: the device's 1 core)
+        device_accum_gelem_s=1 / (b / (n * b / off["copy_d2h"] / 1e6) + off["host_accumulate"] * 1e6 / n),
+        device_accum_gelem_s_overlap=1 / (b / (host_n * b / zen["copy_d2h"] / 1e6)
+                                          + zen["host_accumulate"] * 1e6 / host_n))
 
 
 def host_rates_per_core(cal: dict[str, Any]) -> tuple[float, float]:
@@ -160,7 +166,9 @@ def gpu_inputs(model: str, gpu: str, adamw_per_core: float, accum_per_core: floa
                   device_base_ms_overlap=n * 2 / hbm, device_col_ns=BYTES_DEVICE_COL / hbm * 1e6,
                   d2h_gbps=g["link_gbps"], h2d_gbps=g["link_gbps"], gather_gbps=g["link_gbps"],
                   scatter_gbps=g["link_gbps"], accum_gelem_s=accum, adamw_gelem_s=adamw,
-                  accum_gelem_s_worker=accum, adamw_gelem_s_worker=adamw, grad_copy_hidden=True)
+                  accum_gelem_s_worker=accum, adamw_gelem_s_worker=adamw, grad_copy_hidden=True,
+                  device_accum_gelem_s=hbm / BYTES_DEVICE_ACCUM / 1e6,
+                  device_accum_gelem_s_overlap=hbm / BYTES_DEVICE_ACCUM / 1e6)
 
 
 def default_calibration() -> Path:

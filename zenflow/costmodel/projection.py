@@ -24,12 +24,14 @@ def projection(cal: dict[str, Any]) -> list[dict[str, Any]]:
         for model in MODELS:
             x = gpu_inputs(model, gpu, adamw, accum)
             off, zen = predict(x, "zero-offload"), predict(x, "zenflow-overlap", BLOCK)
+            da = predict(x, "zenflow-da-overlap", BLOCK)  # device accumulation (issue 25): never run on a GPU
             x1 = gpu_inputs(model, gpu, adamw, accum, micro_batch=1)  # sensitivity: 8x fewer tokens per step
             speedup_mb1 = predict(x1, "zero-offload").cycle_ms / predict(x1, "zenflow-overlap", BLOCK).cycle_ms
             rows.append({"gpu": gpu, "model": MODELS[model]["label"], "params_b": x.column_params / 1e9,
                          "fb_ms": x.fb_ms, "zero_offload_ms": off.cycle_ms, "zenflow_ms": zen.cycle_ms,
                          "speedup": off.cycle_ms / zen.cycle_ms, "stall_reduction": 1 - zen.stall_ms / off.stall_ms,
-                         "speedup_micro_batch_1": speedup_mb1,
+                         "speedup_micro_batch_1": speedup_mb1, "zenflow_da_ms": da.cycle_ms,
+                         "speedup_da": off.cycle_ms / da.cycle_ms,
                          "paper_speedup": PAPER[gpu][0], "paper_stall": PAPER[gpu][1]})
     return rows
 
@@ -37,7 +39,8 @@ def projection(cal: dict[str, Any]) -> list[dict[str, Any]]:
 def falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], host_adam_record: Path) -> dict[str, Any]:
     """What inverse.md/.json, projection-band.md/.csv and sensitivity.png show, from the calibration, a host-adam.json
     (read when it exists) and the validation rows: "inverse" (inverse.json), "band" (its rows), "deepspeed_per_core",
-    "curves" (U -> (ρ, speedup)), "free" (U 4 with host accumulation free) and "measured" (our runs' points).
+    "curves" (U -> (ρ, speedup)), "free" (U 4 with host accumulation free), "device_accumulation" (U 4 with the
+    sums on the device: zenflow-da-overlap) and "measured" (our runs' points).
     Data only: zenflow/reports/costmodel.py writes it (reproduce/project.py calls both)."""
     record = host_adam.load_host_adam(host_adam_record)
     deepspeed_per_core = host_adam.per_core_ratio(record)
@@ -49,4 +52,5 @@ def falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], host_adam_record
                          "Intel Qwen2.5-3B": sens.placed(curves[4], *inverse.INTEL["speedup"])}
     return {"inverse": inv, "band": sens.band(cal, deepspeed_per_core, inv["host_adamw_gelem_s_per_gpu"]),
             "deepspeed_per_core": deepspeed_per_core, "curves": curves,
-            "free": sens.curve(inverse.free_accumulation(x), 4), "measured": sens.measured_points(val)}
+            "free": sens.curve(inverse.free_accumulation(x), 4),
+            "device_accumulation": sens.curve(x, 4, engine="zenflow-da-overlap"), "measured": sens.measured_points(val)}

@@ -46,14 +46,16 @@ def forward(x: Inputs) -> dict[str, float]:
     """ZeRO-Offload, ZenFlow (the projection's block) and the same-frequency control on one set of inputs: ρ, step
     times, ZenFlow's speedup over every-step ZeRO-Offload and over ZeRO-Offload accumulating U steps."""
     off, zen = predict(x, "zero-offload"), predict(x, "zenflow-overlap", BLOCK)
-    gas = predict(x, "zero-offload-gas", BLOCK)
+    gas, da = predict(x, "zero-offload-gas", BLOCK), predict(x, "zenflow-da-overlap", BLOCK)
     return {"rho": offload_ratio(off), "zero_offload_ms": off.cycle_ms, "zenflow_ms": zen.cycle_ms,
             "zenflow_accumulate_ms": zen.accumulate_ms or zen.cycle_ms, "zenflow_update_ms": zen.update_ms,
-            "speedup": off.cycle_ms / zen.cycle_ms, "same_frequency": gas.cycle_ms / zen.cycle_ms}
+            "speedup": off.cycle_ms / zen.cycle_ms, "same_frequency": gas.cycle_ms / zen.cycle_ms,
+            "zenflow_da_ms": da.cycle_ms, "speedup_da": off.cycle_ms / da.cycle_ms}
 
 
-def curve(x: Inputs, interval: int, points: int = 400) -> list[tuple[float, float]]:
-    """(ρ, projected speedup) with the host rate swept over six decades; only ρ inside RHO_RANGE, ρ ascending."""
+def curve(x: Inputs, interval: int, points: int = 400, engine: str = "zenflow-overlap") -> list[tuple[float, float]]:
+    """(ρ, projected speedup of `engine` over ZeRO-Offload) with the host rate swept over six decades; only ρ inside
+    RHO_RANGE, ρ ascending."""
     out = []
     for i in range(points):
         rate = x.adamw_gelem_s * 10 ** (3 - 6 * i / (points - 1))
@@ -61,7 +63,7 @@ def curve(x: Inputs, interval: int, points: int = 400) -> list[tuple[float, floa
         off = predict(xi, "zero-offload")
         rho = offload_ratio(off)
         if RHO_RANGE[0] <= rho <= RHO_RANGE[1]:
-            zen = predict(xi, "zenflow-overlap", Block(BLOCK.topk_ratio, interval))
+            zen = predict(xi, engine, Block(BLOCK.topk_ratio, interval))
             out.append((rho, off.cycle_ms / zen.cycle_ms))
     return sorted(out)
 

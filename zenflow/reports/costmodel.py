@@ -101,12 +101,14 @@ def write_validation(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any],
 def write_projection(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any]) -> str:
     body = [[r["gpu"].upper(), r["model"], f"{r['params_b']:.2f}", fmt(r["fb_ms"], ".0f"),
              fmt(r["zero_offload_ms"], ".0f"), fmt(r["zenflow_ms"], ".0f"), f"{r['speedup']:.2f}×",
-             f"−{100 * r['stall_reduction']:.0f}%", f"{r['speedup_micro_batch_1']:.2f}×", r["paper_speedup"],
+             f"−{100 * r['stall_reduction']:.0f}%", f"{r['speedup_micro_batch_1']:.2f}×",
+             f"{fmt(r['zenflow_da_ms'], '.0f')} ({r['speedup_da']:.2f}×)", r["paper_speedup"],
              r["paper_stall"]] for r in rows]
     heads = ["GPU", "model", "column params per GPU (B; ZeRO-2 over 4 GPUs)", "fwd+bwd ms",
              "ZeRO-Offload ms (projected)",
              "ZenFlow ms (projected)", "speedup (projected)", "stall reduction (projected)",
-             "speedup at micro-batch 1 (projected)", "paper Fig. 1 speedup", "paper Fig. 1 stall"]
+             "speedup at micro-batch 1 (projected)", "ZenFlow with device accumulation ms (speedup; projected)",
+             "paper Fig. 1 speedup", "paper Fig. 1 stall"]
     adamw, accum = host_rates_per_core(cal)
     inputs = [f"- {k.upper()}: {g['label']}; {g['tflops']:.0f} TFLOP/s bf16 × MFU 0.40; HBM {g['hbm_gbps']:.0f} GB/s "
               f"× 0.7; link {g['link_gbps']:.0f} GB/s each way; {g['host_cores']} host cores and "
@@ -121,6 +123,9 @@ def write_projection(rows: list[dict[str, Any]], out: Path, cal: dict[str, Any])
         f"- Host AdamW {adamw:.3f} and accumulation {accum:.3f} G elements/s per core: calibrated on "
         f"{cal['hardware_id']} (torch fused AdamW, one core); × cores, capped by host memory bandwidth at "
         "30 and 10 bytes per element.",
+        "- Device accumulation (ref-zenflow-da, issue 25; our design, not the paper's): the unselected columns summed "
+        "on the device in fp32 at 14 bytes per element of HBM traffic, the sum shipped once per interval (4 bytes per "
+        "element), the host running AdamW only (docs/cost-model.md, \"Device accumulation\"). Never run on a GPU.",
         "- Models: parameter counts from each model's Hugging Face config.json (zenflow/costmodel/presets.py).",
         "- Paper values: Figure 1 of arXiv 2505.12242 (Llama-2-7B; ranges as quoted in issue 6), repeated beside "
         "every model for comparison; nothing here is fitted to them."])
@@ -211,7 +216,8 @@ def write_inverse(inv: dict[str, Any], out: Path) -> str:
                      f"({intel['host_cap_gelem_s']:.2f}) with {intel['cores_per_gpu']} cores per GPU: a real DGX-class "
                      "host, and DeepSpeed's offload path far below the cap there too"])
     fwd = [[name, f"{v['rho']:.1f}", f"{v['zero_offload_ms']:.0f}", f"{v['zenflow_ms']:.0f}",
-            f"{v['speedup']:.2f}×", f"{v['u8_speedup']:.2f}×", f"{v['same_frequency']:.2f}×"] for name, v in f.items()]
+            f"{v['speedup']:.2f}×", f"{v['u8_speedup']:.2f}×", f"{v['same_frequency']:.2f}×",
+            f"{v['speedup_da']:.2f}×"] for name, v in f.items()]
     lo, hi = inv["paper_a100"]
     text = "\n".join([
         "# Inverse check: the inputs the published step times imply (PROJECTED from published numbers)", "",
@@ -219,7 +225,8 @@ def write_inverse(inv: dict[str, Any], out: Path) -> str:
         markdown(rows, ["input", "solved", "from", "checked against"]), "",
         "Forward, with the solved inputs (Llama-2-7B, 4× A100, topk 0.1, overlap; nothing fitted to ZenFlow):", "",
         markdown(fwd, ["host accumulation", "ρ", "ZeRO-Offload ms", "ZenFlow ms (U 4)", "speedup U 4",
-                       "speedup U 8", "over ZeRO-Offload accumulating 4 steps"]), "",
+                       "speedup U 8", "over ZeRO-Offload accumulating 4 steps",
+                       "speedup U 4, device accumulation (ref-zenflow-da)"]), "",
         f"- Published: paper Fig. 1 A100 {lo}–{hi}×; the example's ZenFlow cycle {inv['example_cycle_ms']:.0f} ms "
         f"(accumulation {inv['example_accumulate_ms']:.0f}, update {inv['example_update_ms']:.0f}).",
         f"- With accumulation as calibrated here (host fp32 accumulation costs {inv['accumulate_over_adamw_time']:.2f}"
@@ -237,6 +244,10 @@ def write_inverse(inv: dict[str, Any], out: Path) -> str:
             f"({100 * (intel['predicted']['speedup'] / intel['speedup'] - 1):+.0f}%); the ideal bound (host "
             f"accumulation free, everything hidden) would give {ideal_speedup(intel['rho'], 4):.2f}×."]
           if intel["predicted"] else []),
+        *([f"- With the interval's sums kept on the device (ref-zenflow-da, issue 25: our design, not the paper's; "
+           f"projected, never run on a GPU), the blog's inputs give {f['as calibrated']['speedup_da']:.2f}× at U 4: "
+           "without a per-step copy and host pass, the host does only (1 − topk)·AdamW per U steps."]
+          if "as calibrated" in f else []),
         "- Why this matters and what it does not say: docs/cost-model.md, \"Inverse check\"."])
     write_text_atomic(out / "inverse.md", text + "\n")
     return text
@@ -276,7 +287,8 @@ def write_band(rows: list[dict[str, Any]], out: Path, deepspeed_per_core: float 
 
 
 def sensitivity_figure(curves: dict[int, list[tuple[float, float]]], free: list[tuple[float, float]],
-                       placements: dict[str, dict[str, Any]], measured: list[dict[str, Any]],
+                       device_accumulation: list[tuple[float, float]], placements: dict[str, dict[str, Any]],
+                       measured: list[dict[str, Any]],
                        band_rows: list[dict[str, Any]], inv: dict[str, Any], out: Path) -> None:
     """sensitivity.png: projected speedup against ρ for each U with the ideal bound and the U + 1 ceiling; the
     paper's, the blog's and Intel's points placed on it, our cpu-scale runs at their measured ρ."""
@@ -292,6 +304,8 @@ def sensitivity_figure(curves: dict[int, list[tuple[float, float]]], free: list[
         ax.text(rhos[-1], u + 1, f"U+1 = {u + 1} ", color=c, fontsize=7, va="bottom", ha="right")
     ax.plot([r for r, _ in free], [s for _, s in free], color="C2", lw=1.2, ls="-.",
             label="U = 4, host accumulation free")
+    ax.plot([r for r, _ in device_accumulation], [s for _, s in device_accumulation], color="C2", lw=1.6, ls=":",
+            label="U = 4, device accumulation (ref-zenflow-da: no per-step copy or host pass)")
     ax.plot([], [], color="grey", lw=0.8, ls="--", label="ideal bound (1 + ρ) / max(1, (1 − topk)·ρ / U)")
     rho_blog, intel = inv["rho_blog"], inv["intel"]
     lo, hi = placements["paper A100"]["low"], placements["paper A100"]["high"]
@@ -337,5 +351,6 @@ def write_falsifiable(cal: dict[str, Any], val: list[dict[str, Any]], out: Path,
     write_text_atomic(out / "inverse.json", json.dumps(f["inverse"], indent=1) + "\n")
     write_inverse(f["inverse"], out)
     write_band(f["band"], out, f["deepspeed_per_core"])
-    sensitivity_figure(f["curves"], f["free"], f["inverse"]["placements"], f["measured"], f["band"], f["inverse"], out)
+    sensitivity_figure(f["curves"], f["free"], f["device_accumulation"], f["inverse"]["placements"], f["measured"],
+                       f["band"], f["inverse"], out)
     return f["inverse"]
