@@ -194,32 +194,58 @@ def accumulate_(link: Link, copies: list[GradCopy], slot: int, clip_coef: torch.
     for copy in copies:
         part, staging = copy.part, copy.land(link)
         with link.observers.blocking("host_accumulate"):  # host work the step waits for (inline only)
-            if clip_coef is not None:
-                staging.mul_(clip_coef)  # as clip_grad_norm_ would, in the gradient's dtype
             acc = part.accumulators[slot]
-            if part.counts[slot] == 0:
-                acc.copy_(staging)  # first of the interval: no zero-fill, no add
-            else:
-                add_upcast_(acc, staging)
+            # first of the interval: a copy (no zero-fill, no add); clipped as clip_grad_norm_ would, in the
+            # gradient's dtype, inside the same pass over memory
+            accumulate_into_(acc, staging, clip_coef, first=part.counts[slot] == 0)
             if masses is not None:
                 masses.append(float(torch.linalg.vector_norm(acc)) / max(1, acc.numel()) ** 0.5)
         part.counts[slot] += 1
     return masses
 
 
-def add_upcast_(acc: torch.Tensor, src: torch.Tensor, chunk_elements: int = 1 << 18) -> None:
-    """acc (fp32) += src (any float dtype). torch's mixed-dtype add is ~3x slower than an upcast into a
-    cache-sized fp32 scratch followed by a same-dtype add (measured 27.6 ms vs 10.7 ms for 14.7M bf16 elements),
-    so a low-precision src goes through the scratch, a block of rows at a time."""
-    if src.dtype == acc.dtype:
-        acc.add_(src)
+# Elements per block of accumulate_into_. Every torch call hands the GIL back, and a training thread running Python
+# (the forward pass) keeps it for up to a switch interval, so blocks are few and large: 14.7M bf16 elements took
+# 12.9 / 14.5 ms alone and 28.2 / 15.8 ms beside a Python-busy thread with 64K / 1M-element blocks (Xeon, 1 core).
+ACCUMULATE_BLOCK = 1 << 20
+
+
+def accumulate_into_(acc: torch.Tensor, src: torch.Tensor, clip: torch.Tensor | None = None, first: bool = False,
+                     block_elements: int = ACCUMULATE_BLOCK) -> None:
+    """acc (fp32) = src·clip (`first`) or acc += src·clip, in one pass over memory.
+
+    The product is the one torch's clipping writes into a gradient (src's dtype: the fp32 product rounded once more,
+    to nearest even), upcast exactly; but it is formed in a cache-sized fp32 scratch, a block of rows at a time, so
+    the pass reads src once and reads + writes acc once (10 bytes per bf16 element) instead of also writing and
+    re-reading src. Scaling in fp32 and rounding through a bf16 scratch is the same arithmetic as torch's bf16
+    multiply (which computes in fp32 and rounds) and ran 1.4x faster here; torch's one-call mixed-dtype add runs ~3x
+    slower than the blocks. docs/host-worker.md, "The host path at the bandwidth bound", has the rates."""
+    scale = None if clip is None else float(clip)  # a Python number: no 0-dim tensor to unwrap per block
+    if scale == 1.0:
+        scale = None  # torch's clamped coefficient when the norm is within bounds: scaling by 1 is exact, skip it
+    if scale is None and src.dtype == acc.dtype:
+        acc.copy_(src) if first else acc.add_(src)  # nothing to scale or upcast: one kernel
         return
-    rows = max(1, chunk_elements // max(1, acc.shape[1]))
-    scratch = torch.empty((rows, acc.shape[1]), dtype=acc.dtype)
+    width = acc[0].numel() if acc.dim() > 1 else 1
+    rows = max(1, block_elements // max(1, width))
+    wide = torch.empty((rows, *acc.shape[1:]), dtype=acc.dtype)
+    narrow = torch.empty((rows, *acc.shape[1:]), dtype=src.dtype) if scale is not None else None
     for start in range(0, acc.shape[0], rows):
         n = min(rows, acc.shape[0] - start)
-        scratch[:n].copy_(src[start:start + n])
-        acc[start:start + n].add_(scratch[:n])
+        block = wide[:n].copy_(src[start:start + n])  # exact upcast (a plain copy for fp32)
+        if scale is not None:
+            block.mul_(scale)  # the fp32 product torch's multiply forms ...
+            if narrow.dtype != block.dtype:
+                block.copy_(narrow[:n].copy_(block))  # ... rounded to src's dtype as it stores it, and back
+        if first:
+            acc[start:start + n].copy_(block)
+        else:
+            acc[start:start + n].add_(block)
+
+
+def add_upcast_(acc: torch.Tensor, src: torch.Tensor, chunk_elements: int = ACCUMULATE_BLOCK) -> None:
+    """acc (fp32) += src (any float dtype): accumulate_into_ without clipping."""
+    accumulate_into_(acc, src, block_elements=chunk_elements)
 
 
 def host_adamw_(groups: list[tuple[list[HostColumns], AdamWHyper]], slot: int) -> None:

@@ -11,6 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import INF
+from helpers import cost_inputs as inputs
 
 from zenflow.costmodel import presets
 from zenflow.costmodel.model import ENGINES, Block, CostModelError, Inputs, best_block, predict, transfer_bytes
@@ -20,17 +22,6 @@ from zenflow.reports.costmodel import committed_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 COSTMODEL = ROOT / "results" / "costmodel"
-INF = 1e15
-
-
-def inputs(**kw: float) -> Inputs:
-    base = dict(column_params=50e6, dense_params=1e4, tokens=16, dtype_bytes=2, fb_ms=80, fb_ms_overlap=120,
-                device_opt_ms=80, device_base_ms=10, device_base_ms_overlap=15, device_col_ns=5, d2h_gbps=6,
-                h2d_gbps=6, gather_gbps=2, scatter_gbps=2, accum_gelem_s=1.5, adamw_gelem_s=1.0,
-                accum_gelem_s_worker=0.8, adamw_gelem_s_worker=0.5, compute_slowdown=1.1, host_slowdown=1.05)
-    return Inputs(**{**base, **kw})
-
-
 def free_host(x: Inputs) -> Inputs:
     return replace(x, d2h_gbps=INF, h2d_gbps=INF, gather_gbps=INF, scatter_gbps=INF, accum_gelem_s=INF,
                    adamw_gelem_s=INF, accum_gelem_s_worker=INF, adamw_gelem_s_worker=INF)

@@ -8,14 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import INF
+from helpers import cost_inputs as inputs
 
 from zenflow.costmodel import sensitivity as sens
 from zenflow.costmodel.inverse import free_accumulation
 from zenflow.costmodel.model import Block, Inputs, predict, transfer_bytes
 from zenflow.costmodel.presets import cpu_scale_inputs, gpu_inputs, host_rates_per_core
 from zenflow.costmodel.projection import projection
-
-from .test_costmodel import INF, inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION = ROOT / "results/costmodel/cpu-scale-amd-epyc-2c/calibration.json"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from zenflow import ZenFlowAdamW
+from zenflow.costmodel.model import Inputs
 
 
 class Interleaved(torch.nn.Module):
@@ -111,3 +112,15 @@ def train_on_global_batches(model: torch.nn.Module, opt: torch.optim.Optimizer, 
             (torch.nn.functional.mse_loss(model(x[rows]), y[rows]) / world).backward()
         opt.step()
         opt.zero_grad()
+
+
+INF = 1e15  # a rate the cost model treats as free
+
+
+def cost_inputs(**kw: float) -> Inputs:
+    """Cost-model inputs of a made-up cpu-scale-like machine (tests/costmodel), any field overridden."""
+    base = dict(column_params=50e6, dense_params=1e4, tokens=16, dtype_bytes=2, fb_ms=80, fb_ms_overlap=120,
+                device_opt_ms=80, device_base_ms=10, device_base_ms_overlap=15, device_col_ns=5, d2h_gbps=6,
+                h2d_gbps=6, gather_gbps=2, scatter_gbps=2, accum_gelem_s=1.5, adamw_gelem_s=1.0,
+                accum_gelem_s_worker=0.8, adamw_gelem_s_worker=0.5, compute_slowdown=1.1, host_slowdown=1.05)
+    return Inputs(**{**base, **kw})

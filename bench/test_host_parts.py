@@ -1,0 +1,63 @@
+"""The host parts of a ZenFlow step against the host's streaming bound (issue 25): one benchmark per part, each
+with its bytes moved, GB/s and fraction of the triad bound in extra_info; the streams (copy, triad, in-place add)
+are benchmarks of the same group, on the same cores (the worker's, as the optimizer pins them).
+
+    .venv/bin/python -m pytest bench/test_host_parts.py --benchmark-only
+    python -m zenflow.costmodel.host_bandwidth     # the same numbers as one table, both scenario sizes
+
+Sizes: the host share of the cpu-scale model's largest column param (14.7M elements); the streams over 3 x 256 MB
+(larger than the caches). ZENFLOW_BENCH_SMALL=1: 1M elements each (a smoke, not a measurement).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from zenflow.config import ZenFlowConfig
+from zenflow.costmodel import host_bandwidth as hb
+from zenflow.host import reserved_cores
+
+SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")
+PART_NUMEL = 1_000_000 if SMALL else hb.SIZES["cpu-scale"]
+STREAM_NUMEL = 1_000_000 if SMALL else hb.BOUND_NUMEL
+ROUNDS, WARMUP_ROUNDS = (3, 1) if SMALL else (9, 2)
+SPLIT = reserved_cores(ZenFlowConfig().pt_reserved_cores_perc)
+WORKER, COMPUTE = (SPLIT[0], SPLIT[1]) if SPLIT else (None, None)
+_bound: dict[str, float] = {}  # the triad's GB/s once measured in this session
+
+
+def _record(benchmark, name: str, nbytes: int) -> None:
+    benchmark.extra_info.update(bytes_per_round=nbytes, worker_cores=WORKER, torch_threads=torch.get_num_threads())
+    if benchmark.stats is None:  # --benchmark-disable: nothing measured
+        return
+    gbps = nbytes / benchmark.stats.stats.median / 1e9
+    benchmark.extra_info["GB/s"] = gbps
+    if name == "triad":
+        _bound["triad"] = gbps
+    if "triad" in _bound:
+        benchmark.extra_info["fraction_of_triad_bound"] = gbps / _bound["triad"]
+
+
+@pytest.mark.parametrize("stream", list(hb.STREAM_BYTES))
+def test_host_stream(benchmark, stream: str) -> None:
+    a, b, c = torch.ones(STREAM_NUMEL), torch.ones(STREAM_NUMEL), torch.ones(STREAM_NUMEL)
+    kernels = {"copy": lambda: b.copy_(a), "triad": lambda: torch.add(b, c, alpha=0.5, out=a),
+               "inplace_add": lambda: a.add_(c, alpha=1e-9)}
+    benchmark.group = "host-parts"
+    with hb.on_cores(WORKER):
+        benchmark.pedantic(kernels[stream], rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
+    _record(benchmark, stream, hb.STREAM_BYTES[stream] * STREAM_NUMEL)
+
+
+@pytest.mark.parametrize("part", list(hb.PART_BYTES))
+def test_host_part(benchmark, part: str) -> None:
+    fn = hb.part_kernels(PART_NUMEL)[part]
+    benchmark.group = "host-parts"
+    busy = hb.python_busy(COMPUTE) if part == "accumulate_beside_python" else nullcontext()
+    with hb.on_cores(WORKER), busy:
+        benchmark.pedantic(fn, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
+    _record(benchmark, part, hb.PART_BYTES[part] * hb.elements(PART_NUMEL))
