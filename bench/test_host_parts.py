@@ -19,7 +19,7 @@ import torch
 
 from zenflow.config import ZenFlowConfig
 from zenflow.costmodel import host_bandwidth as hb
-from zenflow.host import reserved_cores
+from zenflow.host import accumulate_into_, reserved_cores
 
 SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")
 PART_NUMEL = 1_000_000 if SMALL else hb.SIZES["cpu-scale"]
@@ -61,3 +61,22 @@ def test_host_part(benchmark, part: str) -> None:
     with hb.on_cores(WORKER), busy:
         benchmark.pedantic(fn, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
     _record(benchmark, part, hb.PART_BYTES[part] * hb.elements(PART_NUMEL))
+
+
+def test_host_accumulate_before_issue_25(benchmark) -> None:
+    """The clipped accumulation as main did it before issue 25, in the same run as `accumulate` above: the staging
+    buffer scaled in place (its own pass over memory), then added in 256K-element blocks. The factor alternates
+    0.5 / 2 (exact in bf16) so repeated rounds neither underflow nor change the arithmetic's cost."""
+    rows = max(1, PART_NUMEL // 4096)
+    staging = (torch.randn(rows, 4096) * 1e-3).to(torch.bfloat16)
+    acc, factors = torch.zeros(rows, 4096), [torch.tensor(0.5), torch.tensor(2.0)]
+
+    def two_passes() -> None:
+        factors.reverse()
+        staging.mul_(factors[0])
+        accumulate_into_(acc, staging, None, block_elements=1 << 18)
+
+    benchmark.group = "host-parts"
+    with hb.on_cores(WORKER):
+        benchmark.pedantic(two_passes, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
+    _record(benchmark, "accumulate_before_issue_25", hb.PART_BYTES["accumulate"] * hb.elements(PART_NUMEL))

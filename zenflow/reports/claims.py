@@ -175,6 +175,22 @@ def same_frequency_numbers(f: Files) -> dict[str, Any]:
             "regime": epyc["stall_ms"] / epyc["compute_ms"], "regime_xeon": xeon["stall_ms"] / xeon["compute_ms"]}
 
 
+def device_accumulation_numbers(f: Files) -> dict[str, Any]:
+    """ref-zenflow-da (issue 25) beside ref-zenflow in the Xeon run, and its PROJECTED GPU speedup."""
+    run = f.by(f"{LLAMA_XEON}/table.csv", "engine")
+    da, zf = run["ref-zenflow-da"], run["ref-zenflow"]
+    block = _block(f.json(f"{LLAMA_XEON}/ref-zenflow-r0.json"))
+    r, u = block["topk_ratio"], block["update_interval"]
+    proj = {(p["gpu"], p["model"]): p for p in f.csv(f"{COST}/projection.csv")}
+    a100, h100 = proj[("a100", "Llama-2-7B")], proj[("h100", "Llama-2-7B")]
+    inv = f.json(f"{COST}/inverse.json")["forward"]["as calibrated"]
+    return {"da_ms": da["cycle_mean_ms"], "zf_ms": zf["cycle_mean_ms"], "da_bytes": da["bytes_ratio"],
+            "zf_bytes": zf["bytes_ratio"], "da_formula": transfer_bytes(1, 2, r, u, device_accumulation=True) / 2,
+            "da_over_zf": zf["cycle_mean_ms"] / da["cycle_mean_ms"], "a100": a100["speedup_da"],
+            "h100": h100["speedup_da"], "a100_zf": a100["speedup"], "h100_zf": h100["speedup"],
+            "blog": inv["speedup_da"], "blog_zf": inv["speedup"]}
+
+
 def peers_numbers(f: Files) -> dict[str, Any]:
     run = f.by(f"{LLAMA_EPYC}/table.csv", "engine")
     zf, ds = run["ref-zenflow"]["cycle_mean_ms"], run["ds-zenflow"]["cycle_mean_ms"]
@@ -291,6 +307,16 @@ CLAIMS = (
           "ref-zenflow **{inf:.2f}×** ds-zero-infinity ({inf_ms:.1f} ms/step), **{twin:.2f}×** ds-twin-flow "
           "({twin_ms:.1f}), **{fsdp:.2f}×** fsdp2-offload ({fsdp_ms:.1f}); DeepSpeed's ZenFlow {ds_inf:.2f}×, "
           "{ds_twin:.2f}×, {ds_fsdp:.2f}×; torchao-offload: {torchao} (" + TABLE_EPYC + ")", "—", "same", LLAMA_RUN),
+    Claim("beyond the paper: ZenFlow with the interval's sums on the device (ref-zenflow-da, issue 25)",
+          "— (the paper sums on the host every step)",
+          (f"{LLAMA_XEON}/table.csv", f"{LLAMA_XEON}/ref-zenflow-r0.json", f"{COST}/projection.csv",
+           f"{COST}/inverse.json"), device_accumulation_numbers,
+          "ref-zenflow-da **{da_ms:.1f}** ms/step against ref-zenflow {zf_ms:.1f} ({da_over_zf:.2f}×: here the "
+          "device is the same CPU, so the sums land on the training thread); counted **{da_bytes:.3f}×** model bytes "
+          "per step against {zf_bytes:.3f}× (formula {da_formula:.3f}×) (" + TABLE_XEON + ")",
+          "PROJECTED, never run on a GPU: Llama-2-7B A100 **{a100:.1f}×**, H100 **{h100:.1f}×** over ZeRO-Offload "
+          "(ZenFlow {a100_zf:.1f}×, {h100_zf:.1f}×); at the blog's inputs {blog:.1f}× against {blog_zf:.1f}× "
+          "([inverse check](" + COST + "/inverse.md))", "same", LLAMA_RUN + "; `make project`"),
     Claim("selection by per-column norms instead of a gradient all-gather", "blog: \">4,000× less communication\"",
           (f"{SCALING}/table.md",), selection_numbers,
           "one selection sends **{cpu_norms:.3f} MB** of fp32 column norms per rank where an all-gather of the bf16 "
