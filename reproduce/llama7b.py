@@ -47,6 +47,12 @@ from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB_DEFAULT = "meta-llama/Llama-2-7b-hf"
+# --convergence: 160 timed steps, where the issue-24 nanoGPT trial saw AdamW, ZenFlow sync and overlap and the
+# every-4th-step control apart (2.51 / 2.74 / 2.95 / 2.92); 40 update cycles at U 4. The engines whose step computes
+# something different (every-step, every-U-steps, late, selected, exact-overlapped) and the bound.
+CONVERGENCE_STEPS = 160
+CONVERGENCE_ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-offload-gas", "ref-zenflow",
+                       "ref-zenflow-da", "ref-offload-overlap", "no-offload")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -97,6 +103,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out (<out>/.partial/): "
                     "keep the ok records of the same runs, rerun the rest")
     ap.add_argument("--no-overhead-check", action="store_true", help="skip the run without telemetry")
+    ap.add_argument("--convergence", action="store_true",
+                    help=f"loss against wall time: {CONVERGENCE_STEPS} timed steps, 1 repeat, the engines that differ "
+                    "in what a step computes (default --engines: " + " ".join(CONVERGENCE_ENGINES) + "), into the "
+                    "convergence/ subfolder (≈15 min here)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 4+4 steps (for the test suite)")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
@@ -112,8 +122,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.seq_len = args.seq_len or (16 if small and not args.shape else 512)
     shaped = bool(args.shape)
     args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (4 if shaped else 8)
-    args.timed_steps = args.timed_steps or (8 if shaped else 16)
-    args.repeats = args.repeats or (1 if shaped else 2)
+    args.timed_steps = args.timed_steps or (CONVERGENCE_STEPS if args.convergence else 8 if shaped else 16)
+    args.repeats = args.repeats or (1 if shaped or args.convergence else 2)
+    if args.convergence and args.engines == list(ENGINES):
+        args.engines = list(CONVERGENCE_ENGINES)
     cc.distinct(ap, "--engines", args.engines)
     on_gpus = gpu and args.device != "cpu"
     most = torch.cuda.device_count() if on_gpus else len(os.sched_getaffinity(0))
@@ -143,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     scenario = f"{args.shape}-{args.layers}L{'-frozen-embedding' if args.freeze_embedding else ''}" if args.shape \
         else ""
     out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"] / scenario / (
-        f"nproc-{args.nproc}" if args.nproc > 1 else "")
+        f"nproc-{args.nproc}" if args.nproc > 1 else "") / ("convergence" if args.convergence else "")
     report = partial(scenario_report, env=env)
     if args.report_only:  # records only: no plan, no probe
         problem = report_existing(out, report)

@@ -69,7 +69,7 @@ def pack(opt: Checkpointed) -> dict[str, Any]:
         state[index[id(p)]] = entry
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[id(p)] for p in g["params"]]}
               for g in opt.param_groups]
-    clock = dataclasses.asdict(opt.clock)  # t, skipped_steps, host_updates, since_boundary, slot, select_next
+    clock = dataclasses.asdict(opt.clock)  # t, skipped_steps, host_updates, since_boundary, slot, select_next, ...
     return {"format": FORMAT, "state": state, "param_groups": groups,
             "zenflow": {"config": dataclasses.asdict(opt.config), **clock,
                         "auto_history": [r.to_state(opt.worker.result) for r in opt.auto_history],
@@ -101,7 +101,8 @@ def unpack(opt: Checkpointed, sd: dict[str, Any]) -> None:
         group.update({k: v for k, v in saved.items() if k != "params"})
     z = sd["zenflow"]
     opt.clock = Clock(t=z["t"], skipped_steps=z["skipped_steps"], host_updates=z["host_updates"],
-                      since_boundary=z["since_boundary"], slot=z["slot"], select_next=z.get("select_next", False))
+                      since_boundary=z["since_boundary"], slot=z["slot"], select_next=z.get("select_next", False),
+                      selections=z.get("selections", 0))
     opt.auto_history = [MassReport.from_state(r) for r in z.get("auto_history", [])]
     built = [st.host for _, st in column_states(opt.param_groups, opt.state) if st.host.built]
     carve_staging(opt.arena, built, opt.settle)  # the restored parts' staging: a drain may upload from it

@@ -107,6 +107,11 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         """Boundaries so far (host AdamW updates)."""
         return self.clock.host_updates
 
+    @property
+    def selections(self) -> int:
+        """Top-k selections made so far (DeepSpeed's default never re-selects: records log this, issue 24)."""
+        return self.clock.selections
+
     def _params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
 
@@ -190,6 +195,7 @@ class ZenFlowAdamW(torch.optim.Optimizer):
                 with self.observers.blocking("reselect"):
                     hypers = {id(p): AdamWHyper.of(g) for g in self.param_groups for p in g["params"]}
                     reselect(self._params(), self.state, self.config, self.link, self.dp, hypers)
+                self.clock.selections += 1
             self.clock.select_next = False
         columns = column_states(self.param_groups, self.state)
         prepare_host_(self.arena, columns, self.link, self.settle)  # lazy build, staging

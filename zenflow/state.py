@@ -75,6 +75,7 @@ class Clock:
     t: int = 0                 # applied steps (skipped overflow steps do not count)
     skipped_steps: int = 0     # overflow steps skipped
     host_updates: int = 0      # boundaries so far
+    selections: int = 0        # top-k selections made (the first included; none with topk 0)
     since_boundary: int = 0    # steps accumulated since the last boundary
     slot: int = 0              # the accumulator being filled (two alternate with overlap_step)
     select_next: bool = False  # parameters joined since the last selection: select at the next step

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -125,6 +127,18 @@ def test_a_run_record_holds_timings_bytes_environment_and_nvml_status(tiny_spec,
         assert [s["kind"] for s in timed] == ["accumulate", "update"] * 2
     if engine == "ref-offload-gas":  # every gradient down and every parameter up, once per 2 steps
         assert record.summary["grad_param_bytes_per_step_over_model_bytes"] == pytest.approx(1.0)
+    # the rest of the machine's CPU over the timed steps, from the kernel's counters (issue 24)
+    load = record.protocol["machine_load"]
+    assert load["measured"] is os.path.exists("/proc/stat")
+    if load["measured"]:
+        assert load["own_cpu_s"] > 0 and 0 <= load["outside_cpu_fraction"] <= 1 and load["window_s"] > 0
+    facts = record.metrics.get("zenflow")  # what ZenFlow decided, logged (issue 24): ZenFlow engines only
+    assert (facts is not None) is (engine == "ref-zenflow")
+    if facts:
+        steps, every = len(record.steps), facts["select_interval"]
+        assert every >= 1 and facts["update_interval"] == 2
+        assert facts["selections"] == 1 + (steps - 1) // every
+        assert facts["host_updates"] == steps // 2
 
 
 @pytest.mark.deepspeed
@@ -183,6 +197,16 @@ def test_reproduce_llama7b_smoke_runs_every_engine_and_writes_table_and_figure(t
                                                                       for w in record.warnings)
     assert changed.pop("ds-zenflow") > 0
     assert set(changed.values()) == {0}
+    # Both ZenFlow engines: finite losses after U + 1 steps (DeepSpeed issue #7759) and what they decided, logged
+    # (DeepSpeed's default never re-selects, PR #8456)
+    for engine in ("ref-zenflow", "ds-zenflow"):
+        record = RunRecord.read(tmp_path / f"{engine}-r0.json")
+        interval = record.config["zero_optimization"]["zenflow"]["update_interval"]
+        assert len(record.steps) >= interval + 1
+        assert all(math.isfinite(s["loss"]) for s in record.steps[:interval + 1]), (engine, record.steps)
+        facts = record.metrics["zenflow"]
+        assert facts["selections"] >= 1 and facts["host_updates"] >= 1, (engine, facts)
+        assert facts["select_interval"] is not None and facts["update_interval"] == interval
 
 
 def test_a_report_names_the_hardware_of_its_runs_not_the_machine_remaking_it():

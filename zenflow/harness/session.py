@@ -31,6 +31,7 @@ from zenflow.harness.processes import bind_rank_cores
 from zenflow.harness.records import RunRecord, summarize_steps
 from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
 from zenflow.telemetry.environment import capture_environment
+from zenflow.telemetry.machine_load import LoadWindow
 from zenflow.telemetry.nvml import NvmlSampler
 from zenflow.telemetry.timeline import StepTimeline
 
@@ -125,6 +126,7 @@ class Session:
         self.sampler, self.sampling, self.sampled = NvmlSampler(), False, False  # sampling now / ever
         self.i, self.closed = 0, False
         self.train_start: float | None = None
+        self.load: LoadWindow | None = None  # the rest of the machine's CPU time over the timed steps
 
     def run(self) -> RunRecord:
         """Every planned step (with a progress bar), then the record."""
@@ -146,6 +148,7 @@ class Session:
         for _ in range(n):
             if self.i == self.warmup_steps:
                 self.sampling = self.sampled = bool(self.sampler.__enter__())  # NVML: the timed steps only
+                self.load = LoadWindow.start()
             timing = self.timeline.start_step(self.i)
             # Phase marks are CUDA events on a GPU: forward_backward_ms / optimizer_ms say when the device got
             # there, not when the host launched the work (audit item 3); read once the step's events completed.
@@ -170,12 +173,15 @@ class Session:
         record, spec = self.record, self.spec
         record.nvml = self.sampler.result() if self.sampled else {"available": False, "reason": "no timed steps"}
         record.protocol["timed_steps"] = max(0, self.i - self.warmup_steps)
+        record.protocol["machine_load"] = (self.load.stop() if self.load else
+                                           {"measured": False, "reason": "no timed steps"})
         record.steps = [step_row(t) for t in self.timeline.steps]
         if self.engine.transfer_bytes() is None:
             record.warnings.append(f"{spec.engine}: bytes not measured (no counters inside the engine; NVML needs "
                                    "a GPU)")
         record.summary = summarize_steps(record.steps, spec.cycle, record.model["model_bytes"])
         host_state = self.engine.host_state_bytes()  # this rank's host buffers (ZenFlow engines)
+        zenflow = self.engine.zenflow_facts()  # before close(): what ZenFlow decided (issue 24)
         evaluated = self._evaluate() if self.workload.evaluate is not None else None
         self.close()
         record.metrics["final_loss"] = record.summary["final_loss"]
@@ -187,6 +193,8 @@ class Session:
                               **getattr(self.workload, "final_metrics", {})}
         if host_state is not None:
             record.metrics["host_state_bytes"] = host_state
+        if zenflow is not None:
+            record.metrics["zenflow"] = zenflow
         record.metrics["peak_rss_bytes"] = peak_rss_bytes()  # what the memory plan's host estimate is checked against
         return record
 

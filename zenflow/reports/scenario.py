@@ -14,7 +14,10 @@ from zenflow.harness.engines.registry import ASKED, ENGINE_SPECS, engine_names, 
 from zenflow.harness.memory_plan import NEEDS
 from zenflow.harness.records import RunRecord, skip_reason
 from zenflow.harness.tables import MISSING, fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
+from zenflow.reports.convergence import convergence_report
 from zenflow.telemetry.environment import hardware_label
+from zenflow.telemetry.machine_load import BUSY_BOUND
+from zenflow.telemetry.machine_load import busy as machine_busy
 
 BASELINE = "ds-zero-offload"  # every engine's speedup; a ZenFlow engine's stall: its row's stall_baseline
 COLUMNS = ("engine", "runs", "median step ms", "cycle mean ms", "accumulate step ms", "update step ms",
@@ -191,6 +194,7 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
     text += [ceiling] if ceiling else []
     write_text_atomic(out / "table.md", "\n".join(text) + "\n")
     write_csv(rows, out / "table.csv")
+    convergence_report(timed, {r["engine"]: r for r in rows}, out, label)  # loss against wall time (issue 24)
     if any(r["cycle_mean_ms"] for r in rows):
         figure(rows, out / "figure.png", "ZenFlow vs ZeRO-Offload, Llama scenario",
                f"{label}; {params:.0f}M params, {w.get('dtype')}, seq {w.get('seq_len')}")
@@ -268,10 +272,30 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord]) -> list[s
         notes.append(f"- Same run with vs without the optimizer observer (ref-zenflow, median of runs): "
                      f"{100 * overhead:+.1f}% (separate runs: this includes the run-to-run noise of a shared "
                      "machine; the direct measurement above isolates the telemetry itself)")
+    notes += load_notes(records)
     failed = [f"{r.engine}" for r in records if r.status not in ("ok", "skipped")]
     if failed:
         notes.append(f"- FAILED runs (see their records): {', '.join(failed)}")
     skipped = {r.engine: skip_reason(r.error).strip() for r in records if r.status == "skipped"}
     for engine in sorted(skipped, key=engine_rank):
         notes.append(f"- Not run: {engine}: {skipped[engine]}")
+    return notes
+
+
+def load_notes(records: list[RunRecord]) -> list[str]:
+    """The rest of the machine's share of the CPU during each run's timed steps (kernel counters, machine_load.py):
+    the median and worst run, and every run above the bound by name, whose row is then not comparable."""
+    loads = [(r, r.protocol.get("machine_load")) for r in records if r.status == "ok"]
+    measured = [(r, load) for r, load in loads if load and load.get("measured")]
+    if not measured:
+        return []
+    share = sorted((load["outside_cpu_fraction"] + load["steal_fraction"], r.engine) for r, load in measured)
+    notes = [f"- Machine load during the timed steps (other processes + hypervisor steal, from the kernel's "
+             f"counters): median {100 * statistics.median(s for s, _ in share):.1f}% of the CPU, worst "
+             f"{100 * share[-1][0]:.1f}% ({share[-1][1]}); {len(measured)} of {len(loads)} runs measured"]
+    busy = [f"{r.engine} ({100 * load['outside_cpu_fraction']:.0f}% other processes, "
+            f"{100 * load['steal_fraction']:.0f}% steal)" for r, load in measured if machine_busy(load)]
+    if busy:
+        notes.append(f"- BUSY MACHINE (over {100 * BUSY_BOUND:.0f}% of the CPU elsewhere): {', '.join(busy)}: these "
+                     "rows are not comparable with the others; rerun on a quiet machine")
     return notes

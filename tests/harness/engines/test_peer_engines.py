@@ -68,6 +68,19 @@ def test_fsdp2_cpu_offload_trains_as_plain_adamw_does(run, tmp_path: Path) -> No
     assert fsdp2.protocol["stall_includes_io"] is True
 
 
+def test_overlapped_offload_trains_as_zero_offload_does(run, tmp_path: Path) -> None:
+    """ref-offload-overlap (host AdamW per parameter during backward, clipping 1.0 as configured) is ZeRO-Offload's
+    AdamW with nothing late: ref-offload's losses step for step (fp32). Negative
+    control: ref-zenflow, whose deferred host updates make its losses differ. Bytes: every gradient down and every
+    parameter up, each step."""
+    offload = losses(run("ref-offload", tmp_path))
+    overlap = run("ref-offload-overlap", tmp_path)
+    assert losses(overlap) == pytest.approx(offload, rel=1e-5)
+    ratio = overlap.summary["grad_param_bytes_per_step_over_model_bytes"]
+    assert 2.0 < ratio < 2.01  # every parameter both ways, the few dense ones too (model bytes: the column params)
+    assert losses(run("ref-zenflow", tmp_path)) != pytest.approx(offload, rel=1e-5)
+
+
 def test_torchao_offload_is_not_run_on_the_cpu_and_the_table_says_why(run, tmp_path: Path) -> None:
     record = run("torchao-offload", tmp_path)
     assert record.status == "skipped" and "CUDA" in record.error and record.steps == []

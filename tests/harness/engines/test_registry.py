@@ -90,10 +90,12 @@ def test_the_rows_are_the_engine_lists_in_table_order():
     assert configs.ENGINES == tuple(spec.name for spec in registry.ROWS) == registry.engine_names()
     assert configs.ENGINES == ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ds-zero-infinity",
                                "ds-twin-flow", "ref-offload", "ref-offload-gas", "ref-zenflow", "ref-zenflow-da",
-                               "fsdp2-offload", "torchao-offload", "no-offload", "no-offload-fp32")
+                               "ref-offload-overlap", "fsdp2-offload", "torchao-offload", "no-offload",
+                               "no-offload-fp32")
     assert configs.CORE_ENGINES == ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
     assert configs.CONTROL_ENGINES == ("ds-zero-offload-gas", "ref-offload-gas")
-    assert configs.PEER_ENGINES == ("ds-zero-infinity", "ds-twin-flow", "fsdp2-offload", "torchao-offload")
+    assert configs.PEER_ENGINES == ("ds-zero-infinity", "ds-twin-flow", "ref-offload-overlap", "fsdp2-offload",
+                                    "torchao-offload")
     assert [e for e in configs.ENGINES if is_deepspeed(e)] == [e for e in configs.ENGINES if e.startswith("ds-")]
 
 

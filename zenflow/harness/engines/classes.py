@@ -16,6 +16,7 @@ import torch
 
 from zenflow import ZenFlowAdamW
 from zenflow.harness.engines.ds_divergences import repair_zenflow_weight_view
+from zenflow.overlapped_offload import OverlappedOffloadAdamW
 from zenflow.telemetry.timeline import StepTimeline
 
 
@@ -57,6 +58,11 @@ class Engine:
 
     def host_state_bytes(self) -> int | None:
         return None  # not measured by the engine itself
+
+    def zenflow_facts(self) -> dict[str, Any] | None:
+        """A ZenFlow engine's resolved select_interval and update_interval, and how many selections and host updates
+        it made (DeepSpeed's default never re-selects, DeepSpeed PR #8456); None for the others."""
+        return None
 
     def close(self) -> None:
         pass
@@ -116,6 +122,13 @@ class TorchEngine(Engine):
     def host_state_bytes(self) -> int | None:
         return self.optimizer.host_state_bytes if isinstance(self.optimizer, ZenFlowAdamW) else None
 
+    def zenflow_facts(self) -> dict[str, Any] | None:
+        opt = self.optimizer
+        if not isinstance(opt, ZenFlowAdamW) or not opt.config.topk_ratio:
+            return None  # plain AdamW, or our ZeRO-Offload (topk 0: nothing is ever selected)
+        return {"select_interval": opt.select_interval, "update_interval": opt.config.update_interval,
+                "selections": opt.selections, "host_updates": opt.host_updates, "counted_by": "ZenFlowAdamW"}
+
     def close(self) -> None:
         if isinstance(self.optimizer, ZenFlowAdamW):
             self.optimizer.close()  # (the process group stays: a rank child exits without teardown, runner.py)
@@ -127,6 +140,33 @@ class DeviceAccumulationEngine(TorchEngine):
     Same parameters as ref-zenflow (tests/core/test_device_accumulation.py), fewer bytes per step for U > 4/b."""
 
     accumulate_on = "device"
+
+
+class OverlappedOffloadEngine(TorchEngine):
+    """ref-offload-overlap: ZeRO-Offload with each parameter's host AdamW started during backward, exact AdamW (no
+    staleness, nothing selected): the control issue 24 asks for beside ZenFlow (zenflow/overlapped_offload.py)."""
+
+    def build_optimizer(self, distributed: bool) -> OverlappedOffloadAdamW:
+        if distributed:
+            raise ValueError("ref-offload-overlap runs in one process only (no data parallelism): run it with "
+                             "--nproc 1")
+        p = self.ds_config["optimizer"]["params"]
+        zenflow = self.ds_config["zero_optimization"].get("zenflow") or {}
+        optimizer = OverlappedOffloadAdamW(self.model.parameters(), lr=p["lr"], betas=p["betas"], eps=p["eps"],
+                                           weight_decay=p["weight_decay"], gradient_clipping=self.clipping,
+                                           pt_reserved_cores_perc=zenflow.get("pt_reserved_cores_perc", 0.5))
+        if self.telemetry:
+            optimizer.add_observer(self.timeline)
+        return optimizer
+
+    def transfer_bytes(self) -> dict[str, int] | None:
+        return {f"{d}_{k}": n for (d, k), n in self.optimizer.transfer_bytes.items()}
+
+    def host_state_bytes(self) -> int | None:
+        return self.optimizer.host_state_bytes
+
+    def close(self) -> None:
+        self.optimizer.close()
 
 
 class NoOffloadEngine(TorchEngine):
@@ -170,6 +210,10 @@ class DeepSpeedEngine(Engine):
         self.device = self.engine.device  # this rank's device (the launcher's LOCAL_RANK under multi-GPU)
         self.warm_up = (self.ds_config["zero_optimization"].get("zenflow") or {}).get("full_warm_up_rounds", 0)
         self.steps = 0
+        self.selected_at: set[int] = set()  # ZenFlow: the optimizer's micro-steps that were selection boundaries
+        self.updated_at: set[int] = set()   # ... and the engine steps that were host-update boundaries
+        if self.ds_config["zero_optimization"].get("zenflow"):
+            self._count_zenflow_boundaries()
 
     def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         loss = self.engine(**model_inputs(batch, self.engine.device)).loss
@@ -186,6 +230,27 @@ class DeepSpeedEngine(Engine):
             return "warmup"
         return "update" if self.cycle == 1 or since % self.cycle == self.cycle - 1 else "accumulate"
 
+    def _count_zenflow_boundaries(self) -> None:
+        """Count DeepSpeed's ZenFlow decisions from outside: wrap its boundary predicates (each is asked several times
+        a step) and keep the steps at which they said yes."""
+        optimizer, engine = self.engine.optimizer, self.engine
+        if hasattr(optimizer, "is_zenflow_select_boundary"):
+            optimizer.is_zenflow_select_boundary = _noting(optimizer.is_zenflow_select_boundary, self.selected_at,
+                                                           lambda: optimizer.micro_step)
+        if hasattr(engine, "_is_zenflow_update_boundary"):
+            engine._is_zenflow_update_boundary = _noting(engine._is_zenflow_update_boundary, self.updated_at,
+                                                         lambda: engine.global_steps)
+
+    def zenflow_facts(self) -> dict[str, Any] | None:
+        if not self.ds_config["zero_optimization"].get("zenflow"):
+            return None
+        optimizer = self.engine.optimizer
+        interval = getattr(optimizer, "select_interval", None)
+        return {"select_interval": interval, "update_interval": getattr(optimizer, "update_interval", None),
+                "selections": len(self.selected_at), "host_updates": len(self.updated_at),
+                "counted_by": "DeepSpeed's boundary predicates, wrapped",
+                **({"note": "select_interval 0: DeepSpeed selects once and never again"} if interval == 0 else {})}
+
     def weight_fingerprints(self) -> dict[str, torch.Tensor]:
         """ZeRO-3 holds each parameter as a partition (the module's tensor is empty): gather them to compare."""
         if self.ds_config["zero_optimization"].get("stage") != 3:
@@ -198,6 +263,16 @@ class DeepSpeedEngine(Engine):
     def close(self) -> None:
         if hasattr(self.engine, "destroy"):
             self.engine.destroy()
+
+
+def _noting(predicate: Any, seen: set[int], when: Any) -> Any:
+    """`predicate` unchanged, noting `when()` in `seen` each time it returns true."""
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        answer = predicate(*args, **kwargs)
+        if answer:
+            seen.add(int(when()))
+        return answer
+    return noted
 
 
 def weight_fingerprints(model: torch.nn.Module, samples: int = 1024) -> dict[str, torch.Tensor]:

@@ -32,6 +32,7 @@ from zenflow.harness.engines.classes import (
     DeviceAccumulationEngine,
     Engine,
     NoOffloadEngine,
+    OverlappedOffloadEngine,
     TorchEngine,
 )
 from zenflow.harness.engines.peers import FSDP2Engine, TorchAOEngine
@@ -173,6 +174,13 @@ def memory_deepspeed_offload(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     return Footprint(m.trained, pinned, pageable, note)
 
 
+def memory_overlapped_offload(spec: EngineSpec, m: MemoryInputs) -> Footprint:
+    """OverlappedOffloadAdamW: fp32 master, moments and gradient scratch of every parameter (16 B) pageable; the
+    landed gradient and the upload buffer in the training dtype, pinned on CUDA."""
+    P = m.shape.params
+    return Footprint(m.trained, m.pin(2 * m.b * P) if m.cuda else 0, 16 * P + (0 if m.cuda else 2 * m.b * P))
+
+
 def memory_zero_infinity(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     """fp32 parameters and gradients and the training-dtype parameters pinned; gathered layers only on the device."""
     P = m.shape.params
@@ -310,6 +318,8 @@ ROWS = (
                stall_baseline="ref-offload", control="ref-offload-gas", memory=memory_ours),
     EngineSpec("ref-zenflow-da", DeviceAccumulationEngine, "ours", "beyond", zenflow_block=ASKED, cycle_rule="interval",
                stall_baseline="ref-offload", control="ref-offload-gas", memory=memory_ours),
+    EngineSpec("ref-offload-overlap", OverlappedOffloadEngine, "ours", "peer", zero=not_deepspeed,
+               memory=memory_overlapped_offload),
     EngineSpec("fsdp2-offload", FSDP2Engine, "pytorch", "peer", zero=not_deepspeed, memory=memory_fsdp2),
     EngineSpec("torchao-offload", TorchAOEngine, "pytorch", "peer", zero=not_deepspeed, memory=memory_torchao),
     EngineSpec("no-offload", NoOffloadEngine, "bound", "core", memory=memory_device_adamw, host_share=0.0),

@@ -1,0 +1,141 @@
+"""OverlappedOffloadAdamW (ref-offload-overlap, issue 24): exact AdamW semantics with the host steps started during
+backward. Oracles against torch.optim.AdamW (fp32), with and without clipping; negative controls for each."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from zenflow import ZenFlowAdamW
+from zenflow.host import HostWorkerError
+from zenflow.overlapped_offload import OverlappedOffloadAdamW
+
+HYPER = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+
+
+def model(dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 8)).to(dtype)
+
+
+def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 16, generator=gen), torch.randn(4, 8, generator=gen)) for _ in range(n)]
+
+
+def train(net: nn.Module, opt: torch.optim.Optimizer, steps: int, clip: float = 0.0, torch_clip: bool = False) -> None:
+    for x, y in batches(steps):
+        loss = ((net(x.to(next(net.parameters()).dtype)) - y) ** 2).mean() * 50  # large grads: clipping bites
+        loss.backward()
+        if torch_clip:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def groups(net: nn.Module) -> list[dict]:
+    """Two groups: different lr and weight decay, as a user's decay / no-decay split."""
+    return [{"params": [net[0].weight, net[3].weight]},
+            {"params": [net[0].bias, net[1].weight, net[1].bias, net[3].bias], "lr": 3e-3, "weight_decay": 0.0}]
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.5])
+def test_equals_torch_adamw_in_fp32(clip: float) -> None:
+    ours_net, ref_net = model(), model()
+    with OverlappedOffloadAdamW(groups(ours_net), **HYPER, gradient_clipping=clip) as ours:
+        train(ours_net, ours, 6, clip)
+    ref = torch.optim.AdamW(groups(ref_net), **HYPER, fused=True)
+    train(ref_net, ref, 6, clip, torch_clip=clip > 0)
+    for a, b in zip(ours_net.parameters(), ref_net.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_a_one_step_late_update_is_not_adamw() -> None:
+    """Negative control of the oracle: ZeRO-Offload's delayed parameter update (ZenFlowAdamW topk 0, U 1, overlap)
+    is the same host AdamW applied one step late, and the comparison above tells it apart."""
+    late_net, ref_net = model(), model()
+    late = ZenFlowAdamW(late_net.parameters(), **HYPER, zenflow={"topk_ratio": 0.0, "update_interval": 1,
+                                                                  "overlap_step": True, "select_interval": 10**6})
+    train(late_net, late, 6)
+    late.close()
+    ref = torch.optim.AdamW(ref_net.parameters(), **HYPER, fused=True)
+    train(ref_net, ref, 6)
+    assert not all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(late_net.parameters(),
+                                                                            ref_net.parameters()))
+
+
+def test_host_steps_start_during_backward_and_after_it_with_clipping() -> None:
+    """Without clipping the host steps of the last layers start while backward is still computing the first layer
+    (held 50 ms there by a hook); with clipping none starts before step() knows the global norm."""
+    for clip, during in ((0.0, True), (0.5, False)):
+        net = model()
+        started: list[float] = []
+        with OverlappedOffloadAdamW(net.parameters(), **HYPER, gradient_clipping=clip) as opt:
+            opt.worker.before_job = lambda kind, started=started: started.append(time.perf_counter())
+            for x, y in batches(3):
+                started.clear()
+                hidden = net[0](x)
+                hidden.register_hook(lambda g: (time.sleep(0.05), g)[1])  # backward reaches layer 0 50 ms later
+                first_layer: list[float] = []
+                handle = net[0].weight.register_post_accumulate_grad_hook(
+                    lambda p, first_layer=first_layer: first_layer.append(time.perf_counter()))
+                ((net[3](net[2](net[1](hidden))) - y) ** 2).mean().backward()
+                handle.remove()
+                early = [t for t in started if t < first_layer[0]]
+                assert bool(early) is during, (clip, started, first_layer)
+                opt.step()
+                assert len(started) == 6  # every parameter stepped once
+
+
+def test_bf16_parameters_keep_an_fp32_master_and_get_its_cast() -> None:
+    net = model(torch.bfloat16)
+    with OverlappedOffloadAdamW(net.parameters(), **HYPER) as opt:
+        train(net, opt, 3)
+        for p in net.parameters():
+            assert p.dtype == torch.bfloat16 and opt.host[p].master.dtype == torch.float32
+            assert torch.equal(p, opt.host[p].master.to(torch.bfloat16))
+            assert opt.host[p].step == 3
+
+
+def test_bytes_are_every_gradient_down_and_every_parameter_up_per_step() -> None:
+    net = model(torch.bfloat16)
+    numel = sum(p.numel() for p in net.parameters())
+    with OverlappedOffloadAdamW(net.parameters(), **HYPER) as opt:
+        train(net, opt, 2)
+        assert opt.transfer_bytes == {("d2h", "grads"): 2 * 2 * numel, ("h2d", "params"): 2 * 2 * numel}
+
+
+def test_two_backwards_before_a_step_are_refused() -> None:
+    net = model()
+    with OverlappedOffloadAdamW(net.parameters(), **HYPER):
+        (x, y), = batches(1)
+        ((net(x) - y) ** 2).mean().backward()
+        with pytest.raises(RuntimeError, match="gradient accumulation"):
+            ((net(x) - y) ** 2).mean().backward()
+
+
+def test_a_failing_host_step_raises_at_step_never_hangs() -> None:
+    net = model()
+    with OverlappedOffloadAdamW(net.parameters(), **HYPER) as opt:
+        def fail(kind: str) -> None:
+            raise OSError("host out of memory")
+        opt.worker.before_job = fail
+        (x, y), = batches(1)
+        ((net(x) - y) ** 2).mean().backward()
+        done = threading.Event()
+        with pytest.raises(HostWorkerError, match="out of memory"):
+            try:
+                opt.step()
+            finally:
+                done.set()
+        assert done.is_set()
+        opt.worker.before_job = None
+        train(net, opt, 1)  # the next step is a clean one
+
+def test_bad_clipping_is_named() -> None:
+    with pytest.raises(ValueError, match="gradient_clipping = -1"):
+        OverlappedOffloadAdamW(model().parameters(), gradient_clipping=-1)

@@ -1,0 +1,31 @@
+"""The scenario table's machine-load notes (reports/scenario.py, issue 24): runs taken while other processes held
+the CPU are named as BUSY, quiet ones are not, and records from before the counters say nothing."""
+
+from __future__ import annotations
+
+from zenflow.harness.records import RunRecord
+from zenflow.reports.scenario import load_notes
+
+
+def run(engine: str, outside: float | None, steal: float = 0.0) -> RunRecord:
+    load = None if outside is None else {"measured": True, "outside_cpu_fraction": outside,
+                                         "steal_fraction": steal, "window_s": 10.0}
+    return RunRecord(engine=engine, status="ok", protocol={} if load is None else {"machine_load": load})
+
+
+def test_a_run_under_load_is_named_busy_and_a_quiet_one_is_not() -> None:
+    notes = load_notes([run("no-offload", 0.01), run("ref-zenflow", 0.45), run("ref-offload", 0.02, steal=0.2)])
+    assert notes[0].startswith("- Machine load") and "worst 45.0% (ref-zenflow)" in notes[0]
+    busy = notes[1]
+    assert busy.startswith("- BUSY MACHINE") and "ref-zenflow (45% other" in busy and "ref-offload (2% other" in busy
+    assert "no-offload" not in busy
+
+
+def test_quiet_runs_get_the_summary_only() -> None:
+    notes = load_notes([run("no-offload", 0.01), run("ref-zenflow", 0.03)])
+    assert len(notes) == 1 and "3 of" not in notes[0] and "2 of 2 runs measured" in notes[0]
+
+
+def test_records_before_the_counters_add_no_note() -> None:
+    """Committed tables made from older records regenerate unchanged."""
+    assert load_notes([run("no-offload", None), run("ref-zenflow", None)]) == []

@@ -1,0 +1,123 @@
+"""Loss against wall-clock time (issue 24): a faster step that needs more steps to reach the same loss is not the
+same win. From the records' per-step losses and periods only:
+
+- the target is the final smoothed loss of the every-step ZeRO-Offload run (ds-zero-offload, else ref-offload): the
+  mean loss of its last WINDOW steps;
+- an engine's time to target is the training wall time (the sum of its step periods, warm-up included) until its
+  smoothed loss (the trailing mean over WINDOW steps) first reaches the target, or "not reached";
+- the loss at equal wall time is each engine's smoothed loss after the shortest run's total time;
+- the time-to-loss speedup (target time of the baseline / the engine's) stands beside the step-time speedup, so a
+  reader sees how much of the latter survives.
+
+Every engine trains on the same batches from the same weights, so the curves are comparable step for step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from zenflow.harness.records import RunRecord
+from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
+
+WINDOW = 8  # steps in the smoothing window: two update cycles at U = 4, so every engine's mean spans its updates
+BASELINES = ("ds-zero-offload", "ref-offload")  # the every-step ZeRO-Offload run that sets the target
+
+
+def curve(record: RunRecord) -> list[tuple[float, float]]:
+    """(seconds of training so far, smoothed loss) after each step with a full window."""
+    out, elapsed, losses = [], 0.0, []
+    for step in record.steps:
+        elapsed += (step.get("period_ms") or 0.0) / 1e3
+        losses.append(step["loss"])
+        if len(losses) >= WINDOW:
+            out.append((elapsed, statistics.fmean(losses[-WINDOW:])))
+    return out
+
+
+def time_to(points: list[tuple[float, float]], target: float) -> float | None:
+    """The first time the smoothed loss is at or below `target`, or None."""
+    return next((t for t, loss in points if loss <= target), None)
+
+
+def loss_at(points: list[tuple[float, float]], seconds: float) -> float | None:
+    """The smoothed loss of the last point at or before `seconds`."""
+    before = [loss for t, loss in points if t <= seconds * (1 + 1e-9)]  # summed periods: rounding
+    return before[-1] if before else None
+
+
+def convergence_rows(records: list[RunRecord], step_speedup: dict[str, float | None]) -> tuple[list[dict], dict]:
+    """Per engine (medians over its runs), and the facts of the comparison: baseline, target, equal time."""
+    runs: dict[str, list[list[tuple[float, float]]]] = {}
+    for r in records:
+        if r.status == "ok" and r.protocol.get("telemetry", True) and len(r.steps) >= WINDOW:
+            runs.setdefault(r.engine, []).append(curve(r))
+    baseline = next((b for b in BASELINES if b in runs), None)
+    if baseline is None:
+        return [], {"baseline": None}
+    target = statistics.median(c[-1][1] for c in runs[baseline])
+    equal = min(c[-1][0] for curves in runs.values() for c in curves)
+    base_time = statistics.median(time_to(c, target) for c in runs[baseline])  # its own final: always reached
+    rows = []
+    for engine, curves in runs.items():
+        times = [time_to(c, target) for c in curves]
+        reached = [t for t in times if t is not None]
+        t = statistics.median(reached) if len(reached) == len(times) else None
+        at_equal = [v for c in curves if (v := loss_at(c, equal)) is not None]
+        rows.append({"engine": engine, "runs": len(curves), "final_smoothed_loss":
+                     statistics.median(c[-1][1] for c in curves), "time_to_target_s": t,
+                     "reached": f"{len(reached)} of {len(times)}",
+                     "loss_at_equal_time": statistics.median(at_equal) if at_equal else None,
+                     "step_time_speedup": step_speedup.get(engine),
+                     "time_to_loss_speedup": base_time / t if t else None})
+    return rows, {"baseline": baseline, "target": target, "equal_time_s": equal, "window": WINDOW}
+
+
+def convergence_report(records: list[RunRecord], rows_by_engine: dict[str, dict[str, Any]], out: Path,
+                       title: str) -> str | None:
+    """convergence.md/.csv and loss-vs-time.png in `out`; None (nothing written) without a baseline run."""
+    speedups = {e: r.get("speedup") for e, r in rows_by_engine.items()}
+    rows, facts = convergence_rows(records, speedups)
+    if not rows:
+        return None
+    order = list(rows_by_engine)
+    rows.sort(key=lambda r: order.index(r["engine"]) if r["engine"] in order else len(order))
+    body = [[r["engine"], r["runs"], fmt(r["final_smoothed_loss"], ".3f"),
+             fmt(r["time_to_target_s"], ".1f", missing=f"not reached ({r['reached']})"),
+             fmt(r["loss_at_equal_time"], ".3f"), fmt(r["step_time_speedup"], ".2f") + "×" * bool(
+                 r["step_time_speedup"]), fmt(r["time_to_loss_speedup"], ".2f") + "×" * bool(r["time_to_loss_speedup"])]
+            for r in rows]
+    text = "\n".join([
+        f"# Loss against wall-clock time — {title}", "",
+        f"Target: {facts['baseline']}'s final smoothed loss, {facts['target']:.3f} (the mean of its last "
+        f"{facts['window']} steps; every engine's loss is smoothed the same way). Time: the sum of the step periods, "
+        f"warm-up included; equal time: {facts['equal_time_s']:.1f} s, the shortest run. Medians of the runs.", "",
+        markdown(body, ["engine", "runs", "final smoothed loss", "time to target s", "loss at equal time",
+                        "step-time speedup", "time-to-loss speedup"]), "",
+        "- The time-to-loss speedup is the baseline's time to its own final loss over the engine's; beside the "
+        "step-time speedup it shows how much of a faster step survives once the steps' worth is counted.",
+        "- A short run (the default scenario) barely separates the curves; `--convergence` trains long enough "
+        "for them to (reproduce/llama7b.py)."])
+    write_text_atomic(out / "convergence.md", text + "\n")
+    write_csv(rows, out / "convergence.csv")
+    _figure(records, out / "loss-vs-time.png", title, facts)
+    return text
+
+
+def _figure(records: list[RunRecord], path: Path, title: str, facts: dict[str, Any]) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    seen: dict[str, str] = {}
+    for r in records:
+        if r.status != "ok" or not r.protocol.get("telemetry", True) or len(r.steps) < WINDOW:
+            continue
+        color = seen.setdefault(r.engine, f"C{len(seen) % 10}")
+        points = curve(r)
+        ax.plot([t for t, _ in points], [loss for _, loss in points], color=color, lw=1.2,
+                label=r.engine if r.engine not in ax.get_legend_handles_labels()[1] else None)
+    ax.axhline(facts["target"], color="black", lw=0.8, ls="--", label=f"target: {facts['baseline']}'s final")
+    ax.set(xlabel="training wall time, s", ylabel=f"loss (mean of the last {WINDOW} steps)",
+           title=f"Loss against wall-clock time\n{title}")
+    ax.legend(fontsize=7, frameon=False, ncol=2)
+    save_figure(fig, path)
