@@ -26,8 +26,10 @@ def test_fused_clip_and_accumulate_equals_clipping_then_accumulating(dtype, clip
     acc = torch.randn(1000, 37, generator=gen)
     coef = None if clip is None else torch.tensor(clip, dtype=torch.float32)
     expected = _two_passes(acc, src, coef, first)
-    accumulate_into_(acc, src, coef, first=first, block_elements=100)  # many blocks, a ragged last one
-    assert torch.equal(acc, expected)
+    for scratch in (False, True):  # blocks, or (first only) the staging buffer scaled in place and copied whole
+        out = acc.clone()
+        accumulate_into_(out, src.clone(), coef, first=first, block_elements=100, scratch_src=scratch)
+        assert torch.equal(out, expected), scratch
 
 
 def test_one_dimensional_and_single_block() -> None:
