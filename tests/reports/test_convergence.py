@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from zenflow.harness.records import RunRecord
-from zenflow.reports.convergence import WINDOW, convergence_report, convergence_rows, curve
+from zenflow.reports.convergence import convergence_report, convergence_rows, curve, window_for
 
 
 def run(engine: str, losses: list[float], period_ms: float) -> RunRecord:
@@ -16,7 +16,8 @@ def run(engine: str, losses: list[float], period_ms: float) -> RunRecord:
                      steps=[{"step": i, "loss": v, "period_ms": period_ms} for i, v in enumerate(losses)])
 
 
-LINE = [10.0 - 0.1 * i for i in range(24)]  # the baseline's losses: its final smoothed loss is the mean of the last 8
+LINE = [10.0 - 0.1 * i for i in range(40)]  # the baseline's losses: its final smoothed loss is the mean of the last 8
+WINDOW = window_for(len(LINE))
 
 
 def test_the_same_losses_in_half_the_time_is_a_2x_time_to_loss_speedup() -> None:
@@ -24,17 +25,18 @@ def test_the_same_losses_in_half_the_time_is_a_2x_time_to_loss_speedup() -> None
                                    {"ds-zero-offload": 1.0, "ref-zenflow": 2.0})
     by = {r["engine"]: r for r in rows}
     assert facts["target"] == pytest.approx(sum(LINE[-WINDOW:]) / WINDOW)
-    assert by["ds-zero-offload"]["time_to_target_s"] == pytest.approx(2.4)  # its own last step: 24 x 100 ms
-    assert by["ref-zenflow"]["time_to_target_s"] == pytest.approx(1.2)
+    assert WINDOW == 8 and facts["window"] == 8  # a fifth of 40 steps
+    assert by["ds-zero-offload"]["time_to_target_s"] == pytest.approx(4.0)  # its own last step: 40 x 100 ms
+    assert by["ref-zenflow"]["time_to_target_s"] == pytest.approx(2.0)
     assert by["ref-zenflow"]["time_to_loss_speedup"] == pytest.approx(2.0)
-    assert facts["equal_time_s"] == pytest.approx(1.2)  # the shorter run's whole time
-    assert by["ds-zero-offload"]["loss_at_equal_time"] == pytest.approx(sum(LINE[4:12]) / WINDOW)  # step 11 at 1.2 s
+    assert facts["equal_time_s"] == pytest.approx(2.0)  # the shorter run's whole time
+    assert by["ds-zero-offload"]["loss_at_equal_time"] == pytest.approx(sum(LINE[12:20]) / WINDOW)  # step 19 at 2 s
 
 
 def test_a_faster_step_that_learns_slower_does_not_reach_the_target() -> None:
     """The negative control: twice the step rate, half the progress per step: a 2x step-time speedup, and the
     target is not reached at all in the same number of steps."""
-    slow = [10.0 - 0.05 * i for i in range(24)]
+    slow = [10.0 - 0.05 * i for i in range(40)]
     rows, _ = convergence_rows([run("ds-zero-offload", LINE, 100.0), run("ref-zenflow", slow, 50.0)],
                                {"ref-zenflow": 2.0})
     zen = next(r for r in rows if r["engine"] == "ref-zenflow")
@@ -42,9 +44,10 @@ def test_a_faster_step_that_learns_slower_does_not_reach_the_target() -> None:
     assert zen["time_to_loss_speedup"] is None
 
 
-def test_smoothing_is_the_trailing_mean_over_the_window() -> None:
-    points = curve(run("x", list(range(WINDOW + 2)), 10.0))
+def test_smoothing_is_the_trailing_mean_over_a_fifth_of_the_run() -> None:
+    points = curve(run("x", list(range(WINDOW + 2)), 10.0), WINDOW)
     assert len(points) == 3 and points[0] == pytest.approx((WINDOW * 0.01, (WINDOW - 1) / 2))
+    assert (window_for(10), window_for(24), window_for(168), window_for(10_000)) == (4, 4, 32, 32)
 
 
 def test_report_files_and_no_baseline_means_no_report(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ HEADERS = ("claim (paper)", "paper", "measured here", "projected (cost model, no
 
 XEON, EPYC = "cpu-scale-intel-xeon-2c", "cpu-scale-amd-epyc-2c"
 LLAMA_XEON, LLAMA_EPYC, COST = f"llama7b/{XEON}", f"llama7b/{EPYC}", f"costmodel/{EPYC}"
+CONVERGENCE = f"{LLAMA_XEON}/convergence"
 GLUE_XEON, GLUE_EPYC = f"glue/{XEON}", f"glue/{EPYC}"
 REPAIRED, STUDY, SCALING = f"{GLUE_EPYC}/ds-weight-view-repaired", f"{GLUE_EPYC}/study", f"scaling/{EPYC}"
 
@@ -191,6 +192,23 @@ def device_accumulation_numbers(f: Files) -> dict[str, Any]:
             "blog": inv["speedup_da"], "blog_zf": inv["speedup"]}
 
 
+def time_to_loss_numbers(f: Files) -> dict[str, Any]:
+    """The convergence run (llama7b --convergence): step-time against time-to-loss speedup, per engine."""
+    rows = f.by(f"{CONVERGENCE}/convergence.csv", "engine")
+    record = f.json(f"{CONVERGENCE}/ref-zenflow-r0.json")
+
+    def said(engine: str) -> str:
+        r = rows[engine]
+        after = (f"**{r['time_to_loss_speedup']:.2f}×**" if r["time_to_loss_speedup"] else
+                 f"**not reached** (smoothed loss {r['final_smoothed_loss']:.2f})")
+        return f"{engine} {r['step_time_speedup']:.2f}× → {after}"
+
+    base = rows["ds-zero-offload"]
+    return {"steps": len(record["steps"]), "target": base["final_smoothed_loss"], "base_s": base["time_to_target_s"],
+            "engines": "; ".join(said(e) for e in ("ref-zenflow", "ds-zenflow", "ref-offload", "ref-offload-gas",
+                                                    "ref-offload-overlap", "ref-zenflow-da") if e in rows)}
+
+
 def peers_numbers(f: Files) -> dict[str, Any]:
     run = f.by(f"{LLAMA_EPYC}/table.csv", "engine")
     zf, ds = run["ref-zenflow"]["cycle_mean_ms"], run["ds-zenflow"]["cycle_mean_ms"]
@@ -307,6 +325,13 @@ CLAIMS = (
           "ref-zenflow **{inf:.2f}×** ds-zero-infinity ({inf_ms:.1f} ms/step), **{twin:.2f}×** ds-twin-flow "
           "({twin_ms:.1f}), **{fsdp:.2f}×** fsdp2-offload ({fsdp_ms:.1f}); DeepSpeed's ZenFlow {ds_inf:.2f}×, "
           "{ds_twin:.2f}×, {ds_fsdp:.2f}×; torchao-offload: {torchao} (" + TABLE_EPYC + ")", "—", "same", LLAMA_RUN),
+    Claim("the speedup counted in loss reached per wall time (issue 24)", "— (the paper reports step time, and "
+          "GLUE accuracy after a fixed number of steps)",
+          (f"{CONVERGENCE}/convergence.csv", f"{CONVERGENCE}/ref-zenflow-r0.json"), time_to_loss_numbers,
+          "{steps} steps from random weights, one run each: step-time speedup over ds-zero-offload → time to its final "
+          "smoothed loss ({target:.2f}, reached in {base_s:.0f} s): {engines} ([convergence](" + CONVERGENCE
+          + "/convergence.md), [figure](" + CONVERGENCE + "/loss-vs-time.png))", "—", "same",
+          LLAMA_RUN + " `ARGS=--convergence`"),
     Claim("beyond the paper: ZenFlow with the interval's sums on the device (ref-zenflow-da, issue 25)",
           "— (the paper sums on the host every step)",
           (f"{LLAMA_XEON}/table.csv", f"{LLAMA_XEON}/ref-zenflow-r0.json", f"{COST}/projection.csv",

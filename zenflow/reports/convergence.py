@@ -2,9 +2,10 @@
 same win. From the records' per-step losses and periods only:
 
 - the target is the final smoothed loss of the every-step ZeRO-Offload run (ds-zero-offload, else ref-offload): the
-  mean loss of its last WINDOW steps;
+  mean loss of its last `window` steps, a fifth of its run (4 to MAX_WINDOW: micro-batch 1 losses swing by a unit
+  from one Alpaca record to the next, and a short window makes the target one lucky stretch of records);
 - an engine's time to target is the training wall time (the sum of its step periods, warm-up included) until its
-  smoothed loss (the trailing mean over WINDOW steps) first reaches the target, or "not reached";
+  smoothed loss (the trailing mean over the same window) first reaches the target, or "not reached";
 - the loss at equal wall time is each engine's smoothed loss after the shortest run's total time;
 - the time-to-loss speedup (target time of the baseline / the engine's) stands beside the step-time speedup, so a
   reader sees how much of the latter survives.
@@ -21,18 +22,23 @@ from typing import Any
 from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
 
-WINDOW = 8  # steps in the smoothing window: two update cycles at U = 4, so every engine's mean spans its updates
+MAX_WINDOW = 32  # steps in the smoothing window at most: 8 update cycles at U = 4
 BASELINES = ("ds-zero-offload", "ref-offload")  # the every-step ZeRO-Offload run that sets the target
 
 
-def curve(record: RunRecord) -> list[tuple[float, float]]:
+def window_for(steps: int) -> int:
+    """The smoothing window of a comparison whose baseline ran `steps` steps: a fifth of them, 4 to MAX_WINDOW."""
+    return max(4, min(MAX_WINDOW, steps // 5))
+
+
+def curve(record: RunRecord, window: int) -> list[tuple[float, float]]:
     """(seconds of training so far, smoothed loss) after each step with a full window."""
     out, elapsed, losses = [], 0.0, []
     for step in record.steps:
         elapsed += (step.get("period_ms") or 0.0) / 1e3
         losses.append(step["loss"])
-        if len(losses) >= WINDOW:
-            out.append((elapsed, statistics.fmean(losses[-WINDOW:])))
+        if len(losses) >= window:
+            out.append((elapsed, statistics.fmean(losses[-window:])))
     return out
 
 
@@ -49,13 +55,15 @@ def loss_at(points: list[tuple[float, float]], seconds: float) -> float | None:
 
 def convergence_rows(records: list[RunRecord], step_speedup: dict[str, float | None]) -> tuple[list[dict], dict]:
     """Per engine (medians over its runs), and the facts of the comparison: baseline, target, equal time."""
-    runs: dict[str, list[list[tuple[float, float]]]] = {}
-    for r in records:
-        if r.status == "ok" and r.protocol.get("telemetry", True) and len(r.steps) >= WINDOW:
-            runs.setdefault(r.engine, []).append(curve(r))
-    baseline = next((b for b in BASELINES if b in runs), None)
+    usable = [r for r in records if r.status == "ok" and r.protocol.get("telemetry", True)]
+    baseline = next((b for b in BASELINES if any(r.engine == b for r in usable)), None)
     if baseline is None:
         return [], {"baseline": None}
+    window = window_for(min(len(r.steps) for r in usable if r.engine == baseline))
+    runs: dict[str, list[list[tuple[float, float]]]] = {}
+    for r in usable:
+        if len(r.steps) >= window:
+            runs.setdefault(r.engine, []).append(curve(r, window))
     target = statistics.median(c[-1][1] for c in runs[baseline])
     equal = min(c[-1][0] for curves in runs.values() for c in curves)
     base_time = statistics.median(time_to(c, target) for c in runs[baseline])  # its own final: always reached
@@ -71,7 +79,7 @@ def convergence_rows(records: list[RunRecord], step_speedup: dict[str, float | N
                      "loss_at_equal_time": statistics.median(at_equal) if at_equal else None,
                      "step_time_speedup": step_speedup.get(engine),
                      "time_to_loss_speedup": base_time / t if t else None})
-    return rows, {"baseline": baseline, "target": target, "equal_time_s": equal, "window": WINDOW}
+    return rows, {"baseline": baseline, "target": target, "equal_time_s": equal, "window": window}
 
 
 def convergence_report(records: list[RunRecord], rows_by_engine: dict[str, dict[str, Any]], out: Path,
@@ -109,15 +117,16 @@ def _figure(records: list[RunRecord], path: Path, title: str, facts: dict[str, A
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     seen: dict[str, str] = {}
+    window = facts["window"]
     for r in records:
-        if r.status != "ok" or not r.protocol.get("telemetry", True) or len(r.steps) < WINDOW:
+        if r.status != "ok" or not r.protocol.get("telemetry", True) or len(r.steps) < window:
             continue
         color = seen.setdefault(r.engine, f"C{len(seen) % 10}")
-        points = curve(r)
+        points = curve(r, window)
         ax.plot([t for t, _ in points], [loss for _, loss in points], color=color, lw=1.2,
                 label=r.engine if r.engine not in ax.get_legend_handles_labels()[1] else None)
     ax.axhline(facts["target"], color="black", lw=0.8, ls="--", label=f"target: {facts['baseline']}'s final")
-    ax.set(xlabel="training wall time, s", ylabel=f"loss (mean of the last {WINDOW} steps)",
+    ax.set(xlabel="training wall time, s", ylabel=f"loss (mean of the last {window} steps)",
            title=f"Loss against wall-clock time\n{title}")
     ax.legend(fontsize=7, frameon=False, ncol=2)
     save_figure(fig, path)
