@@ -83,3 +83,18 @@ class Observers:
         finally:
             for obs in self.attached:
                 obs.on_block_end(what)
+
+
+class Observed:
+    """What an optimizer holding `observers` offers telemetry (ZenFlowAdamW, OverlappedOffloadAdamW)."""
+
+    observers: Observers
+
+    def add_observer(self, observer: Observer) -> RemovableHandle:
+        """Attach telemetry: it sees every transfer (direction, kind, bytes) and every blocking section."""
+        return self.observers.add(observer)
+
+    @property
+    def transfer_bytes(self) -> dict[tuple[str, str], int]:
+        """Bytes moved so far, by (direction, kind)."""
+        return dict(self.observers.bytes)

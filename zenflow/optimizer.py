@@ -42,7 +42,7 @@ from zenflow.config import (
 from zenflow.device import device_update_, start_offload, upload_
 from zenflow.device_accumulation import accumulate_on_device_, land_, landed_then, ship_
 from zenflow.distributed import data_parallel
-from zenflow.hooks import Observer, Observers, RemovableHandle
+from zenflow.hooks import Observed, Observers
 from zenflow.host import GradCopy, HostWorker, accumulate_, host_adamw_
 from zenflow.link import Link, StagingArena
 from zenflow.ownership import prepare_host_, reselect
@@ -50,7 +50,7 @@ from zenflow.selection import as_columns
 from zenflow.state import Clock, ColumnState, DenseState, column_states, host_groups
 
 
-class ZenFlowAdamW(torch.optim.Optimizer):
+class ZenFlowAdamW(Observed, torch.optim.Optimizer):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0,
                  zenflow: ZenFlowConfig | dict[str, Any] | None = None, *, gradient_clipping: float = 0.0,
@@ -146,13 +146,6 @@ class ZenFlowAdamW(torch.optim.Optimizer):
         n_staging = 0 if self.accumulate_on == "device" else 2 if overlap and self.link.cuda else 1
         self.state[p] = ColumnState.new(p, mine, n_accumulators=2 if overlap else 1, n_staging=n_staging)
 
-    def add_observer(self, observer: Observer) -> RemovableHandle:
-        """Attach telemetry: it sees every transfer (direction, kind, bytes) and every blocking section."""
-        return self.observers.add(observer)
-
-    @property
-    def transfer_bytes(self) -> dict[tuple[str, str], int]:
-        return dict(self.observers.bytes)
 
     @property
     def host_state_bytes(self) -> int:

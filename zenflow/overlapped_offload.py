@@ -30,7 +30,7 @@ import torch
 
 from zenflow.adam import AdamWHyper, adamw_
 from zenflow.clip import coefficient
-from zenflow.hooks import Observer, Observers, RemovableHandle
+from zenflow.hooks import Observed, Observers
 from zenflow.host import HostWorker, accumulate_into_
 from zenflow.link import Link
 
@@ -50,7 +50,7 @@ class HostParam:
     norm: torch.Tensor | None = None  # this step's gradient norm on the device (clipping only)
 
 
-class OverlappedOffloadAdamW(torch.optim.Optimizer):
+class OverlappedOffloadAdamW(Observed, torch.optim.Optimizer):
     """AdamW with its state in host memory, each parameter stepped on a worker thread as soon as backward has
     produced its gradient (module docstring). `pt_reserved_cores_perc`: the share of this process's cores kept for
     compute, the rest run the worker (DeepSpeed's meaning, as ZenFlowAdamW)."""
@@ -86,12 +86,6 @@ class OverlappedOffloadAdamW(torch.optim.Optimizer):
                          grad=self.link.host_empty(tuple(p.shape), p.dtype), grad32=torch.empty_like(master),
                          upload=self.link.host_empty(tuple(p.shape), p.dtype))
 
-    def add_observer(self, observer: Observer) -> RemovableHandle:
-        return self.observers.add(observer)
-
-    @property
-    def transfer_bytes(self) -> dict[tuple[str, str], int]:
-        return dict(self.observers.bytes)
 
     @property
     def host_state_bytes(self) -> int:
