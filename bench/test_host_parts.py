@@ -44,12 +44,10 @@ def _record(benchmark, name: str, nbytes: int) -> None:
 
 @pytest.mark.parametrize("stream", list(hb.STREAM_BYTES))
 def test_host_stream(benchmark, stream: str) -> None:
-    a, b, c = torch.ones(STREAM_NUMEL), torch.ones(STREAM_NUMEL), torch.ones(STREAM_NUMEL)
-    kernels = {"copy": lambda: b.copy_(a), "triad": lambda: torch.add(b, c, alpha=0.5, out=a),
-               "inplace_add": lambda: a.add_(c, alpha=1e-9)}
+    fn = hb.stream_kernels(STREAM_NUMEL)[stream]
     benchmark.group = "host-parts"
     with hb.on_cores(WORKER):
-        benchmark.pedantic(kernels[stream], rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
+        benchmark.pedantic(fn, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
     _record(benchmark, stream, hb.STREAM_BYTES[stream] * STREAM_NUMEL)
 
 

@@ -87,12 +87,17 @@ def _median_seconds(fn: Callable[[], object], steps: int, warmup: int = 2) -> fl
     return statistics.median(times)
 
 
+def stream_kernels(numel: int) -> dict[str, Callable[[], object]]:
+    """The streams of STREAM_BYTES as calls over fp32 buffers of `numel` elements."""
+    a, b, c = torch.ones(numel), torch.ones(numel), torch.ones(numel)
+    return {"copy": partial(b.copy_, a), "triad": partial(torch.add, b, c, alpha=0.5, out=a),
+            "inplace_add": partial(a.add_, c, alpha=1e-9)}
+
+
 def stream_rates(numel: int, steps: int = 7) -> dict[str, float]:
     """GB/s of copy, triad and in-place add over fp32 buffers of `numel` elements, on the current threads."""
-    a, b, c = torch.ones(numel), torch.ones(numel), torch.ones(numel)
-    kernels = {"copy": lambda: b.copy_(a), "triad": lambda: torch.add(b, c, alpha=0.5, out=a),
-               "inplace_add": lambda: a.add_(c, alpha=1e-9)}
-    return {name: STREAM_BYTES[name] * numel / _median_seconds(fn, steps) / 1e9 for name, fn in kernels.items()}
+    return {name: STREAM_BYTES[name] * numel / _median_seconds(fn, steps) / 1e9
+            for name, fn in stream_kernels(numel).items()}
 
 
 @contextmanager
