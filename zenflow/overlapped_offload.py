@@ -30,6 +30,7 @@ import torch
 
 from zenflow.adam import AdamWHyper, adamw_
 from zenflow.clip import coefficient
+from zenflow.config import ZenFlowConfig
 from zenflow.hooks import Observed, Observers
 from zenflow.host import HostWorker, accumulate_into_
 from zenflow.link import Link
@@ -57,7 +58,7 @@ class OverlappedOffloadAdamW(Observed, torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, *, gradient_clipping: float = 0.0,
-                 pt_reserved_cores_perc: float = 0.5) -> None:
+                 pt_reserved_cores_perc: float = ZenFlowConfig.pt_reserved_cores_perc) -> None:
         if gradient_clipping < 0:
             raise ValueError(f"gradient_clipping = {gradient_clipping!r} is not allowed: expected >= 0 (0: off)")
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})

@@ -16,6 +16,7 @@ import torch
 
 from zenflow import ZenFlowAdamW
 from zenflow.harness.engines.ds_divergences import repair_zenflow_weight_view
+from zenflow.hooks import Observed
 from zenflow.overlapped_offload import OverlappedOffloadAdamW
 from zenflow.telemetry.timeline import StepTimeline
 
@@ -81,16 +82,15 @@ class TorchEngine(Engine):
         self.model.to(self.device)  # the spec's device, not whatever is available (audit items 7, 26)
         self.clipping = self.ds_config["gradient_clipping"]
         self.optimizer = self.build_optimizer(distributed=ranks is not None)
+        if self.telemetry and isinstance(self.optimizer, Observed):  # ours: the timeline sees its copies and waits
+            self.optimizer.add_observer(self.timeline)
 
     accumulate_on = "host"  # where ZenFlowAdamW sums the unselected columns between boundaries (docs/library.md)
 
     def build_optimizer(self, distributed: bool) -> Any:
         """ZenFlowAdamW, which does its own data parallelism over the default group (docs/distributed.md)."""
-        optimizer = ZenFlowAdamW.from_deepspeed_config(self.model.parameters(), self.ds_config,
-                                                       accumulate_on=self.accumulate_on)
-        if self.telemetry:
-            optimizer.add_observer(self.timeline)
-        return optimizer
+        return ZenFlowAdamW.from_deepspeed_config(self.model.parameters(), self.ds_config,
+                                                  accumulate_on=self.accumulate_on)
 
     def clip(self) -> None:
         pass  # ZenFlowAdamW clips inside its step
@@ -115,12 +115,12 @@ class TorchEngine(Engine):
         return "update" if self.optimizer.host_updates > updates else "accumulate"
 
     def transfer_bytes(self) -> dict[str, int] | None:
-        if not isinstance(self.optimizer, ZenFlowAdamW):
+        if not isinstance(self.optimizer, Observed):  # torch's optimizers count nothing
             return None
         return {f"{d}_{k}": n for (d, k), n in self.optimizer.transfer_bytes.items()}
 
     def host_state_bytes(self) -> int | None:
-        return self.optimizer.host_state_bytes if isinstance(self.optimizer, ZenFlowAdamW) else None
+        return getattr(self.optimizer, "host_state_bytes", None)  # ours hold host state; torch's do not
 
     def zenflow_facts(self) -> dict[str, Any] | None:
         opt = self.optimizer
@@ -130,7 +130,7 @@ class TorchEngine(Engine):
                 "selections": opt.selections, "host_updates": opt.host_updates, "counted_by": "ZenFlowAdamW"}
 
     def close(self) -> None:
-        if isinstance(self.optimizer, ZenFlowAdamW):
+        if isinstance(self.optimizer, Observed):  # ours: stop the host worker
             self.optimizer.close()  # (the process group stays: a rank child exits without teardown, runner.py)
 
 
@@ -151,22 +151,8 @@ class OverlappedOffloadEngine(TorchEngine):
             raise ValueError("ref-offload-overlap runs in one process only (no data parallelism): run it with "
                              "--nproc 1")
         p = self.ds_config["optimizer"]["params"]
-        zenflow = self.ds_config["zero_optimization"].get("zenflow") or {}
-        optimizer = OverlappedOffloadAdamW(self.model.parameters(), lr=p["lr"], betas=p["betas"], eps=p["eps"],
-                                           weight_decay=p["weight_decay"], gradient_clipping=self.clipping,
-                                           pt_reserved_cores_perc=zenflow.get("pt_reserved_cores_perc", 0.5))
-        if self.telemetry:
-            optimizer.add_observer(self.timeline)
-        return optimizer
-
-    def transfer_bytes(self) -> dict[str, int] | None:
-        return {f"{d}_{k}": n for (d, k), n in self.optimizer.transfer_bytes.items()}
-
-    def host_state_bytes(self) -> int | None:
-        return self.optimizer.host_state_bytes
-
-    def close(self) -> None:
-        self.optimizer.close()
+        return OverlappedOffloadAdamW(self.model.parameters(), lr=p["lr"], betas=p["betas"], eps=p["eps"],
+                                      weight_decay=p["weight_decay"], gradient_clipping=self.clipping)
 
 
 class NoOffloadEngine(TorchEngine):
