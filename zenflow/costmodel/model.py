@@ -151,6 +151,14 @@ def predict(x: Inputs, engine: str, block: Block | None = None) -> Prediction:
     device_alone = x.fb_ms_overlap + x.device_base_ms_overlap + r * n * x.device_col_ns / 1e6
     worker_alone = (u * (down + _ms(host_n, x.accum_gelem_s_worker)) + _ms(host_n, x.adamw_gelem_s_worker)) \
         if r < 1 else 0.0
+    return _overlapped(x, engine, u, device_alone, worker_alone, up, up / u, bytes_step)
+
+
+def _overlapped(x: Inputs, engine: str, u: int, device_alone: float, worker_alone: float, up: float, io: float,
+                bytes_step: float) -> Prediction:
+    """The overlap layout, whatever the worker does: per step `device_alone` on the training thread, per cycle
+    `worker_alone` on the worker and `up` (the upload) at the boundary; `io` the exposed transfers per step. The
+    training thread waits at each boundary for the previous boundary's job (FIFO, one interval of slack)."""
     train_alone = u * device_alone + up
     busy = min(1.0, worker_alone / train_alone)  # fraction of the cycle the worker competes for memory bandwidth
     device = device_alone * (1 + (x.compute_slowdown - 1) * busy)
@@ -159,7 +167,7 @@ def predict(x: Inputs, engine: str, block: Block | None = None) -> Prediction:
     stall = max(0.0, worker - train)  # the queue never drains faster than the worker works
     upd = device + up + stall
     cycle = ((u - 1) * device + upd) / u
-    return Prediction(engine, device if u > 1 else None, upd, cycle, device, up / u, stall / u, bytes_step)
+    return Prediction(engine, device if u > 1 else None, upd, cycle, device, io, stall / u, bytes_step)
 
 
 def _device_accumulation(x: Inputs, block: Block, engine: str) -> Prediction:
@@ -184,13 +192,7 @@ def _device_accumulation(x: Inputs, block: Block, engine: str) -> Prediction:
     rate = x.device_accum_gelem_s_overlap or x.accum_gelem_s_worker
     device_alone = x.fb_ms_overlap + x.device_base_ms_overlap + r * n * x.device_col_ns / 1e6 + _ms(host_n, rate)
     worker_alone = ship + _ms(host_n, x.adamw_gelem_s_worker)
-    train_alone = u * device_alone + up
-    busy = min(1.0, worker_alone / train_alone)
-    device = device_alone * (1 + (x.compute_slowdown - 1) * busy)
-    stall = max(0.0, worker_alone * x.host_slowdown - (u * device + up))
-    upd = device + up + stall
-    return Prediction(engine, device if u > 1 else None, upd, ((u - 1) * device + upd) / u, device,
-                      (ship + up) / u, stall / u, bytes_step)
+    return _overlapped(x, engine, u, device_alone, worker_alone, up, (ship + up) / u, bytes_step)
 
 
 def predict_all(x: Inputs, block: Block | None = None) -> dict[str, Prediction]:
