@@ -237,13 +237,14 @@ def accumulate_into_(acc: torch.Tensor, src: torch.Tensor, clip: torch.Tensor | 
     width = acc[0].numel() if acc.dim() > 1 else 1
     rows = max(1, block_elements // max(1, width))
     wide = torch.empty((rows, *acc.shape[1:]), dtype=acc.dtype)
-    narrow = torch.empty((rows, *acc.shape[1:]), dtype=src.dtype) if scale is not None else None
+    rounded = scale is not None and src.dtype != acc.dtype  # the product is rounded to src's dtype and back
+    narrow = torch.empty((rows, *acc.shape[1:]), dtype=src.dtype) if rounded else None
     for start in range(0, acc.shape[0], rows):
         n = min(rows, acc.shape[0] - start)
         block = wide[:n].copy_(src[start:start + n])  # exact upcast (a plain copy for fp32)
         if scale is not None:
             block.mul_(scale)  # the fp32 product torch's multiply forms ...
-            if narrow.dtype != block.dtype:
+            if narrow is not None:
                 block.copy_(narrow[:n].copy_(block))  # ... rounded to src's dtype as it stores it, and back
         if first:
             acc[start:start + n].copy_(block)
