@@ -22,7 +22,6 @@ across backward passes is refused (the hook would step twice).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +71,6 @@ class OverlappedOffloadAdamW(Observed, torch.optim.Optimizer):
         self.host: dict[torch.Tensor, HostParam] = {}
         self.hyper: dict[torch.Tensor, AdamWHyper] = {}
         self.landed: list[torch.Tensor] = []  # this step's parameters, in the order their gradients landed
-        self.queued: list[Future] = []
         self._hooks = []
         self._group: dict[torch.Tensor, dict[str, Any]] = {}
         for group in self.param_groups:
@@ -107,7 +105,7 @@ class OverlappedOffloadAdamW(Observed, torch.optim.Optimizer):
         p.grad = None  # the device gradient is no longer needed (CUDA: record_stream keeps it for the copy)
         self.landed.append(p)
         if not self.gradient_clipping:
-            self.queued.append(self.worker.submit("host_update", lambda: self._host_step(p, None)))
+            self.worker.submit("host_update", lambda: self._host_step(p, None))  # the worker keeps its jobs
 
     def _host_step(self, p: torch.Tensor, clip: torch.Tensor | None) -> None:
         """On the worker: the parameter's AdamW on its fp32 master copy, cast into the upload buffer."""
@@ -130,14 +128,13 @@ class OverlappedOffloadAdamW(Observed, torch.optim.Optimizer):
             self.worker.check()
             if self.gradient_clipping and self.landed:
                 clip = self._clip_coefficient()
-                self.queued += [self.worker.submit("host_update", lambda p=p: self._host_step(p, clip))
-                                for p in self.landed]
+                for p in self.landed:
+                    self.worker.submit("host_update", lambda p=p: self._host_step(p, clip))
             self.worker.quiesce()  # sync point: every host step of this backward (booked as host_wait)
             for p in self.landed:
                 self.link.to_device(self.host[p].upload, p.data, "params")  # CUDA: the compute stream waits for it
         finally:  # a failed host step raises here once; the next backward starts a clean step
             self.worker.jobs.clear()
-            self.queued.clear()
             self.landed.clear()
             self.hyper.clear()
         return loss
@@ -148,10 +145,6 @@ class OverlappedOffloadAdamW(Observed, torch.optim.Optimizer):
         with self.observers.blocking("clip_sync"):
             value = total.item()  # device->host sync point
         return coefficient(self.gradient_clipping, torch.tensor(value, dtype=total.dtype))
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Gradients are dropped as they land; nothing is left to zero."""
-        super().zero_grad(set_to_none=set_to_none)
 
     def close(self) -> None:
         """Finish queued host steps, stop the worker and remove the hooks."""
