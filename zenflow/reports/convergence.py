@@ -54,7 +54,8 @@ def loss_at(points: list[tuple[float, float]], seconds: float) -> float | None:
 
 
 def convergence_rows(records: list[RunRecord], step_speedup: dict[str, float | None]) -> tuple[list[dict], dict]:
-    """Per engine (medians over its runs), and the facts of the comparison: baseline, target, equal time."""
+    """Per engine (medians over its runs), and the facts of the comparison: baseline, target, equal time, window
+    and every run's curve by engine (what the figure draws)."""
     usable = [r for r in records if r.status == "ok" and r.protocol.get("telemetry", True)]
     baseline = next((b for b in BASELINES if any(r.engine == b for r in usable)), None)
     if baseline is None:
@@ -79,7 +80,7 @@ def convergence_rows(records: list[RunRecord], step_speedup: dict[str, float | N
                      "loss_at_equal_time": statistics.median(at_equal) if at_equal else None,
                      "step_time_speedup": step_speedup.get(engine),
                      "time_to_loss_speedup": base_time / t if t else None})
-    return rows, {"baseline": baseline, "target": target, "equal_time_s": equal, "window": window}
+    return rows, {"baseline": baseline, "target": target, "equal_time_s": equal, "window": window, "curves": runs}
 
 
 def convergence_report(records: list[RunRecord], rows_by_engine: dict[str, dict[str, Any]], out: Path,
@@ -109,24 +110,19 @@ def convergence_report(records: list[RunRecord], rows_by_engine: dict[str, dict[
         "for them to (reproduce/llama7b.py)."])
     write_text_atomic(out / "convergence.md", text + "\n")
     write_csv(rows, out / "convergence.csv")
-    _figure(records, out / "loss-vs-time.png", title, facts)
+    _figure(out / "loss-vs-time.png", title, facts)
     return text
 
 
-def _figure(records: list[RunRecord], path: Path, title: str, facts: dict[str, Any]) -> None:
+def _figure(path: Path, title: str, facts: dict[str, Any]) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    seen: dict[str, str] = {}
-    window = facts["window"]
-    for r in records:
-        if r.status != "ok" or not r.protocol.get("telemetry", True) or len(r.steps) < window:
-            continue
-        color = seen.setdefault(r.engine, f"C{len(seen) % 10}")
-        points = curve(r, window)
-        ax.plot([t for t, _ in points], [loss for _, loss in points], color=color, lw=1.2,
-                label=r.engine if r.engine not in ax.get_legend_handles_labels()[1] else None)
+    for i, (engine, curves) in enumerate(facts["curves"].items()):
+        for j, points in enumerate(curves):
+            ax.plot([t for t, _ in points], [loss for _, loss in points], color=f"C{i % 10}", lw=1.2,
+                    label=engine if j == 0 else None)
     ax.axhline(facts["target"], color="black", lw=0.8, ls="--", label=f"target: {facts['baseline']}'s final")
-    ax.set(xlabel="training wall time, s", ylabel=f"loss (mean of the last {window} steps)",
+    ax.set(xlabel="training wall time, s", ylabel=f"loss (mean of the last {facts['window']} steps)",
            title=f"Loss against wall-clock time\n{title}")
     ax.legend(fontsize=7, frameon=False, ncol=2)
     save_figure(fig, path)
