@@ -2,9 +2,9 @@
 device in fp32 and cross the link once per update interval, instead of every step.
 
 The same algorithm as host accumulation, moved across the link. Every step adds this host's unselected columns of
-the (clipped) gradient into an fp32 accumulator on the parameter's device, in the order and precision the host
-would use (the interval's first gradient is copied, later ones added, each upcast exactly from the gradient's dtype
-after clipping in that dtype), so the sum is the host's bit for bit. At a boundary each accumulator is shipped
+the (clipped) gradient into an fp32 accumulator on the parameter's device, with the arithmetic the host would use
+(host.accumulate_into_: the interval's first gradient upcast and scaled, later ones added as one fused multiply-add
+acc + clip·grad in fp32), so the sum is the host's bit for bit. At a boundary each accumulator is shipped
 through the link into its host part's landing accumulator (an fp32 view of the staging arena, page-locked on CUDA,
 HostColumns.device_sums) with its count, and the host part only runs the deferred AdamW (host.host_adamw_): inline,
 or on the worker one interval late with overlap_step, exactly as with host accumulation.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from zenflow.config import ConfigError
-from zenflow.host import GradCopy, add_upcast_
+from zenflow.host import GradCopy, accumulate_into_
 from zenflow.link import Link
 from zenflow.selection import as_columns
 from zenflow.state import ColumnState, offloads
@@ -49,8 +49,10 @@ class DeviceMasses:
 def accumulate_on_device_(params: list[torch.Tensor], state: dict, link: Link, clip: torch.Tensor | None,
                           report_mass: bool = False) -> DeviceMasses | None:
     """Add this step's unselected gradient columns (this host's: `st.unsel`) into each parameter's fp32 device
-    accumulator. `clip`: the step's clipping coefficient on the device, applied in the gradient's dtype as the host
-    would (p.grad stays as backward produced it). `report_mass`: return the step's masses for the "auto" interval."""
+    accumulator. `clip`: the step's clipping coefficient as the host holds it (Clip.host: a CPU number, so reading
+    it is no device sync), applied in fp32 as the host would (p.grad stays as backward produced it). `report_mass`:
+    return the step's masses for the "auto" interval."""
+    scale = 1.0 if clip is None else float(clip)
     norms, numels = [], []
     for p in params:
         st = state[p]
@@ -58,10 +60,8 @@ def accumulate_on_device_(params: list[torch.Tensor], state: dict, link: Link, c
             continue
         grad = as_columns(p.grad)
         every_column = st.unsel.numel() == grad.shape[1]  # warm-up, ZeRO-Offload: no gather
-        block = grad if every_column else grad.index_select(1, st.unsel)
-        if clip is not None:
-            block = block * clip if every_column else block.mul_(clip)  # every column: a copy, not p.grad itself
-        _add_(st, block, link)
+        block = grad if every_column else grad.index_select(1, st.unsel)  # every column: p.grad itself, only read
+        _add_(st, block, scale, link)
         numels.append(st.d_acc.numel())
         if report_mass:
             norms.append(torch.linalg.vector_norm(st.d_acc))
@@ -75,8 +75,9 @@ def accumulate_on_device_(params: list[torch.Tensor], state: dict, link: Link, c
     return masses
 
 
-def _add_(st: ColumnState, block: torch.Tensor, link: Link) -> None:
-    """The interval's first gradient is copied (no zero-fill), later ones added in fp32, as host.accumulate_ does."""
+def _add_(st: ColumnState, block: torch.Tensor, scale: float, link: Link) -> None:
+    """The interval's first gradient is copied (no zero-fill) and scaled, later ones added as acc + scale·block in
+    one rounding, as host.accumulate_into_ does."""
     if st.d_acc_count == 0:
         if st.d_acc is None or st.d_acc.shape != block.shape:  # first use, or a rank's block changed width
             # allocated on the compute stream, which writes it; a replaced one is kept by record_stream until its
@@ -84,11 +85,17 @@ def _add_(st: ColumnState, block: torch.Tensor, link: Link) -> None:
             st.d_acc = torch.empty(block.shape, dtype=torch.float32, device=block.device)
         link.compute_waits_for(st.d_acc_shipped)  # CUDA: the last ship must have read it (no host wait)
         st.d_acc_shipped = None
-        st.d_acc.copy_(block)
-    elif st.d_acc.device.type == "cpu":
-        add_upcast_(st.d_acc, block)  # the CPU device: the host's faster upcasting add, same arithmetic
+        first = True
     else:
-        st.d_acc.add_(block)  # fp32 += the gradient's dtype, upcast exactly
+        first = False
+    if st.d_acc.device.type == "cpu":
+        accumulate_into_(st.d_acc, block, scale, first)  # the CPU device: the host's own blocked kernel
+    elif first:
+        st.d_acc.copy_(block)  # upcast exactly
+        if scale != 1.0:
+            st.d_acc.mul_(scale)
+    else:
+        st.d_acc.add_(block, alpha=scale)  # fp32 += scale·(the gradient's dtype, upcast): one fused multiply-add
     st.d_acc_count += 1
 
 

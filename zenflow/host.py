@@ -195,9 +195,8 @@ def accumulate_(link: Link, copies: list[GradCopy], slot: int, clip_coef: torch.
         part, staging = copy.part, copy.land(link)
         with link.observers.blocking("host_accumulate"):  # host work the step waits for (inline only)
             acc = part.accumulators[slot]
-            # first of the interval: a copy (no zero-fill, no add); clipped as clip_grad_norm_ would, in the
-            # gradient's dtype, inside the same pass over memory
-            accumulate_into_(acc, staging, clip_coef, first=part.counts[slot] == 0, scratch_src=True)
+            # first of the interval: a copy (no zero-fill, no add); clipped inside the same pass over memory
+            accumulate_into_(acc, staging, clip_coef, first=part.counts[slot] == 0)
             if masses is not None:
                 masses.append(float(torch.linalg.vector_norm(acc)) / max(1, acc.numel()) ** 0.5)
         part.counts[slot] += 1
@@ -205,51 +204,52 @@ def accumulate_(link: Link, copies: list[GradCopy], slot: int, clip_coef: torch.
 
 
 # Elements per block of accumulate_into_. Every torch call hands the GIL back, and a training thread running Python
-# (the forward pass) keeps it for up to a switch interval, so blocks are few and large: 14.7M bf16 elements took
-# 12.9 / 14.5 ms alone and 28.2 / 15.8 ms beside a Python-busy thread with 64K / 1M-element blocks (Xeon, 1 core).
-ACCUMULATE_BLOCK = 1 << 20
+# (the forward pass) keeps it for up to a switch interval, so blocks are few and large; but the fp32 scratch should
+# stay in the cache. Adding 40.6M bf16 elements on one Xeon core, as fractions of the triad bound, alone / beside a
+# Python-busy thread: 256K blocks 0.90 / 0.61, 1M 0.84 / 0.70, 2M 0.88 / 0.81, 4M 0.81 / 0.77, 8M 0.71 / 0.70.
+ACCUMULATE_BLOCK = 1 << 21
 
 
-def accumulate_into_(acc: torch.Tensor, src: torch.Tensor, clip: torch.Tensor | None = None, first: bool = False,
-                     block_elements: int = ACCUMULATE_BLOCK, scratch_src: bool = False) -> None:
-    """acc (fp32) = src·clip (`first`) or acc += src·clip, in one pass over memory.
+def accumulate_into_(acc: torch.Tensor, src: torch.Tensor, clip: torch.Tensor | float | None = None,
+                     first: bool = False, block_elements: int = ACCUMULATE_BLOCK) -> None:
+    """acc (fp32) = clip·src (`first`) or acc += clip·src, every element rounded once, in fp32, in one pass over memory.
 
-    The product is the one torch's clipping writes into a gradient (src's dtype: the fp32 product rounded once more,
-    to nearest even), upcast exactly; but it is formed in a cache-sized fp32 scratch, a block of rows at a time, so
-    the pass reads src once and reads + writes acc once (10 bytes per bf16 element) instead of also writing and
-    re-reading src. Scaling in fp32 and rounding through a bf16 scratch is the same arithmetic as torch's bf16
-    multiply (which computes in fp32 and rounds) and ran 1.4x faster here; torch's one-call mixed-dtype add runs ~3x
-    slower than the blocks. `scratch_src`: src is a staging buffer nobody reads afterwards, so the first gradient of
-    an interval may be scaled in place and copied whole (two whole-tensor kernels: faster than the blocks when
-    nothing is added, 23.3 vs 25.6 ms on one core, 10.8 vs 14.5 on two). docs/host-worker.md, "The host path at the
-    bandwidth bound", has the rates."""
-    scale = None if clip is None else float(clip)  # a Python number: no 0-dim tensor to unwrap per block
-    if scale == 1.0:
-        scale = None  # torch's clamped coefficient when the norm is within bounds: scaling by 1 is exact, skip it
-    if first and (scale is None or scratch_src):
-        if scale is not None:
-            src.mul_(scale)  # as torch's clipping scales a gradient: in its own dtype, in place
-        acc.copy_(src)  # upcast exactly, one kernel
+    The clipped gradient is formed in fp32 (src upcast exactly, then scaled), as the device part forms its own
+    (device.device_update_), never rounded back to src's dtype; the add with its factor is torch's `add_(x, alpha=)`,
+    a fused multiply-add: acc + clip·src with one rounding, which is also what the first gradient gets (acc = 0).
+    Narrower src is upcast a cache-sized block of rows at a time, so the pass reads src once and reads + writes acc
+    once (10 bytes per bf16 element): torch's one-call mixed-dtype add runs ~3x slower than the blocks.
+    docs/host-worker.md, "The host path at the bandwidth bound", has the rates."""
+    scale = 1.0 if clip is None else float(clip)  # a Python number: no 0-dim tensor to unwrap per block
+    if scale == 1.0 and (first or src.dtype == acc.dtype):
+        # nothing to scale (torch's clamped coefficient when the norm is within bounds): one kernel, exact
+        acc.copy_(src) if first else acc.add_(src)
         return
-    if scale is None and src.dtype == acc.dtype:
-        acc.add_(src)  # nothing to scale or upcast: one kernel
+    if src.dtype == acc.dtype:  # nothing to upcast: one kernel
+        torch.mul(src, scale, out=acc) if first else acc.add_(src, alpha=scale)
         return
     width = acc[0].numel() if acc.dim() > 1 else 1
     rows = max(1, block_elements // max(1, width))
-    wide = torch.empty((rows, *acc.shape[1:]), dtype=acc.dtype)
-    rounded = scale is not None and src.dtype != acc.dtype  # the product is rounded to src's dtype and back
-    narrow = torch.empty((rows, *acc.shape[1:]), dtype=src.dtype) if rounded else None
+    wide = _scratch(rows * width, acc.dtype).view(rows, *acc.shape[1:])
     for start in range(0, acc.shape[0], rows):
         n = min(rows, acc.shape[0] - start)
-        block = wide[:n].copy_(src[start:start + n])  # exact upcast (a plain copy for fp32)
-        if scale is not None:
-            block.mul_(scale)  # the fp32 product torch's multiply forms ...
-            if narrow is not None:
-                block.copy_(narrow[:n].copy_(block))  # ... rounded to src's dtype as it stores it, and back
         if first:
-            acc[start:start + n].copy_(block)
+            acc[start:start + n].copy_(src[start:start + n]).mul_(scale)  # the second pass reads the cache
         else:
-            acc[start:start + n].add_(block)
+            acc[start:start + n].add_(wide[:n].copy_(src[start:start + n]), alpha=scale)  # exact upcast, then FMA
+
+
+_scratches = threading.local()  # per thread: accumulate_into_ runs on the worker and, on the CPU device, the trainer
+
+
+def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A flat buffer of at least `numel` elements, kept per thread and reused: a fresh one per call (8 MB at the
+    default block) was mapped and page-faulted again in some allocator states, 200-700 faults per 14.7M-element
+    accumulation and up to 1.5x its time. At most one block (4·ACCUMULATE_BLOCK bytes) per thread that adds."""
+    held = getattr(_scratches, "buffer", None)
+    if held is None or held.dtype != dtype or held.numel() < numel:
+        held = _scratches.buffer = torch.empty(numel, dtype=dtype)
+    return held[:numel]
 
 
 def add_upcast_(acc: torch.Tensor, src: torch.Tensor, chunk_elements: int = ACCUMULATE_BLOCK) -> None:

@@ -230,7 +230,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         auto = self.config.auto_update
         report = selected_mass(self._params(), self.state, self.link, self.clip.device) if auto else None
         if self.accumulate_on == "device":
-            result = accumulate_on_device_(self._params(), self.state, self.link, self.clip.device, auto)
+            result = accumulate_on_device_(self._params(), self.state, self.link, self.clip.host, auto)
             numels = result.numels if result is not None else []
         else:
             job = functools.partial(accumulate_, self.link, copies, self.clock.slot, self.clip.host, auto)

@@ -112,7 +112,7 @@ class OverlappedOffloadAdamW(Observed, torch.optim.Optimizer):
         h = self.host[p]
         if h.landed is not None:
             h.landed.synchronize()  # CUDA: this parameter's copy only
-        accumulate_into_(h.grad32, h.grad, clip, first=True, scratch_src=True)  # exact upcast, clipped as torch does
+        accumulate_into_(h.grad32, h.grad, clip, first=True)  # exact upcast, clipped in fp32
         h.step += 1
         adamw_([h.master], [h.grad32], [h.exp_avg], [h.exp_avg_sq], [h.step], self.hyper[p])
         h.upload.copy_(h.master)

@@ -2,8 +2,8 @@
 moved across the link: the same parameters, fewer bytes.
 
 The oracle is today's host accumulation on the same seed, model and batches. Device accumulation adds the same
-gradient columns, clipped in the gradient's dtype by the same coefficient, in the same order (a copy, then fp32
-adds), so the host update sees the same mean gradient bit for bit: every comparison in one process is exact
+gradient columns, clipped in fp32 by the same coefficient, in the same order (a scaled copy, then fused fp32
+multiply-adds), so the host update sees the same mean gradient bit for bit: every comparison in one process is exact
 (torch.equal), in sync and overlap mode, with reselection, clipping, warm-up, the "auto" interval, bf16, and across a
 checkpoint taken inside an interval. Two ranks (gloo) are compared with two ranks of host accumulation, exactly too;
 against one process on the global batch within 1e-6, the tolerance tests/core/test_distributed.py states (the ranks'
@@ -51,7 +51,7 @@ CONFIGS = {  # zenflow blocks; every one clips, every one with topk_ratio > 0 re
                            overlap_step=True),
     "sync-bf16": dict(topk_ratio=0.25, update_interval=3, select_interval=6),
     "overlap-warmup-bf16": dict(topk_ratio=0.25, update_interval=3, select_interval=6, full_warm_up_rounds=3,
-                                overlap_step=True),  # warm-up: every column, clipped out of place in bf16
+                                overlap_step=True),  # warm-up: every column, p.grad itself only read
     "auto-overlap": dict(topk_ratio=0.25, update_interval="auto", select_interval=8, overlap_step=True),
     "auto-sync": dict(topk_ratio=0.25, update_interval="auto", select_interval=8),
     "zero-offload-u2": dict(topk_ratio=0.0, update_interval=2),

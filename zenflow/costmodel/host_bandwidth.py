@@ -5,8 +5,8 @@ Each part runs the optimizer's own kernel on buffers of one column param's host 
 
 | part | kernel | bytes per element |
 |---|---|---|
-| accumulate | `host.accumulate_into_`: fp32 acc += bf16 staging · clip (rounded in bf16, as torch clips) | 10 |
-| accumulate_first | the first gradient of an interval: staging ·= clip in place (4), acc = staging (6) | 10 |
+| accumulate | `host.accumulate_into_`: fp32 acc += clip · bf16 staging (upcast, one fused multiply-add) | 10 |
+| accumulate_first | the first gradient of an interval: acc = clip · staging (upcast, scaled in fp32) | 6 |
 | accumulate_unclipped | the same with no clipping, or a coefficient of 1 (the norm within its bound) | 10 |
 | accumulate_beside_python | accumulate_unclipped while the training thread runs Python on its cores (the GIL) | 10 |
 | mean | `acc /= count` before the update (host_adamw_) | 8 |
@@ -49,7 +49,7 @@ from zenflow.host import accumulate_into_, reserved_cores
 from zenflow.telemetry.environment import capture_environment
 
 SCHEMA = "host-bandwidth/1"
-PART_BYTES = {"accumulate": 10, "accumulate_first": 10, "accumulate_unclipped": 10, "accumulate_beside_python": 10,
+PART_BYTES = {"accumulate": 10, "accumulate_first": 6, "accumulate_unclipped": 10, "accumulate_beside_python": 10,
               "mean": 8, "adamw": 28, "cast_upload": 6}
 STREAM_BYTES = {"copy": 8, "triad": 12, "inplace_add": 12}
 BOUND_NUMEL = 64 * 2**20  # fp32 elements per stream buffer: 256 MB
@@ -138,14 +138,8 @@ def part_kernels(numel: int) -> dict[str, Callable[[], object]]:
         adamw_([master], [acc], [exp_avg], [exp_avg_sq], [step[0]], HYPER)
 
     unclipped = partial(accumulate_into_, acc, staging, None, first=False)
-    factors = [torch.tensor(0.5), torch.tensor(2.0)]  # exact in bf16: staging scaled in place neither drifts nor dies
-
-    def first() -> None:
-        factors.reverse()
-        accumulate_into_(acc, staging, factors[0], first=True, scratch_src=True)  # as host.accumulate_ calls it
-
     return {"accumulate": partial(accumulate_into_, acc, staging, clip, first=False),
-            "accumulate_first": first,
+            "accumulate_first": partial(accumulate_into_, acc, staging, clip, first=True),
             "accumulate_unclipped": unclipped, "accumulate_beside_python": unclipped,
             "mean": partial(acc.div_, 1.0000001), "adamw": adamw, "cast_upload": partial(upload.copy_, master)}
 
