@@ -51,6 +51,12 @@ HUB_DEFAULT = "meta-llama/Llama-2-7b-hf"
 # every-4th-step control apart (2.51 / 2.74 / 2.95 / 2.92); 40 update cycles at U 4. The engines whose step computes
 # something different (every-step, every-U-steps, late, selected, exact-overlapped) and the bound.
 CONVERGENCE_STEPS = 160
+# Repeats per cell (issue 24): at least 5 here and 3 on a GPU, for a 95% interval of every step time and ratio. At
+# cpu-scale every engine's run costs ~6.5 s of process start, model build and DeepSpeed set-up plus its steps, so 5
+# rounds of 14 engines fit 15 minutes on the 2-core VM with 4 warm-up + 8 timed steps (2 whole update cycles at U 4;
+# the first boundary and the overlap's first wait fall in the warm-up). --shape on a GPU host keeps 1 round: its
+# 10-minute command windows (docs/llama7b-gpu.md).
+CPU_REPEATS, GPU_REPEATS, BASE_SEED, OVERHEAD_CHECK_REPEATS = 5, 3, 1234, 2
 CONVERGENCE_ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-offload-gas", "ref-zenflow",
                        "ref-zenflow-da", "ref-offload-overlap", "no-offload")
 
@@ -94,10 +100,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "host's memory); needs DeepSpeed's async_io op (libaio)")
     ap.add_argument("--data", type=cc.data_source, default="auto", help="Alpaca JSON path, 'synthetic', or 'auto'")
     ap.add_argument("--repeats", type=cc.int_at_least(1), default=None,
-                    help="rounds; engines interleaved within each (default 2, 1 with --shape)")
-    ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=None, help="default 8 (4 with --shape)")
+                    help=f"rounds; engines interleaved within each, one seed per round (default {CPU_REPEATS} here, "
+                    f"{GPU_REPEATS} on a GPU, 1 with --shape or --convergence)")
+    ap.add_argument("--seed", type=cc.int_at_least(0), default=BASE_SEED,
+                    help=f"round r's seed is SEED + r: model init and data order, shared by its engines (default "
+                    f"{BASE_SEED})")
+    ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=None,
+                    help="default 4 here and with --shape, 8 on a GPU and with --convergence")
     ap.add_argument("--timed-steps", type=cc.int_at_least(1), default=None,
-                    help="rounded up to whole update cycles; default 16 (8 with --shape)")
+                    help="rounded up to whole update cycles; default 8 here and with --shape, 16 on a GPU")
     ap.add_argument("--out", type=cc.out_folder, default=None,
                     help="default: results/llama7b/<hardware-id> (with --nproc N > 1: its nproc-N subfolder)")
     ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out (<out>/.partial/): "
@@ -121,9 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.model = args.model or ("llama2-7b-shape" if args.shape else "cpu-scale")
     args.seq_len = args.seq_len or (16 if small and not args.shape else 512)
     shaped = bool(args.shape)
-    args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (4 if shaped else 8)
-    args.timed_steps = args.timed_steps or (CONVERGENCE_STEPS if args.convergence else 8 if shaped else 16)
-    args.repeats = args.repeats or (1 if shaped or args.convergence else 2)
+    short = (shaped or small) and not args.convergence  # the 15-minute budgets: see CPU_REPEATS
+    args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (4 if short else 8)
+    args.timed_steps = args.timed_steps or (CONVERGENCE_STEPS if args.convergence else 8 if short else 16)
+    args.repeats = args.repeats or (1 if shaped or args.convergence else CPU_REPEATS if small else GPU_REPEATS)
     if args.convergence and args.engines == list(ENGINES):
         args.engines = list(CONVERGENCE_ENGINES)
     cc.distinct(ap, "--engines", args.engines)
@@ -224,18 +236,20 @@ def memory_needs(args: argparse.Namespace, base: int, cuda: bool) -> tuple[mp.Mo
 
 
 def plan(args: argparse.Namespace, skips: dict[str, str | None] | None = None) -> list[PlannedRun]:
-    """Every (repeat, engine) with telemetry, engines interleaved within a repeat; then ref-zenflow without it."""
+    """Every (repeat, engine) with telemetry, engines interleaved within a repeat, seed SEED + repeat; then
+    ref-zenflow without telemetry (OVERHEAD_CHECK_REPEATS rounds: the overhead check, not a cell)."""
     skips = skips or {}
     steps = (4, 4) if args.smoke else (args.warmup_steps, args.timed_steps)
     runs = [(r, e, True) for r in range(args.repeats) for e in args.engines]
     if "ref-zenflow" in args.engines and not args.no_overhead_check:
-        runs += [(r, "ref-zenflow", False) for r in range(args.repeats)]
+        runs += [(r, "ref-zenflow", False) for r in range(min(args.repeats, OVERHEAD_CHECK_REPEATS))]
     planned = []
     for rep, engine, telemetry in runs:
         cfg = deepspeed_config(engine, DEEPSPEED_EXAMPLES_BLOCK, args.dtype, args.micro_batch, lr=2e-5,
                                weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available() and args.device != "cpu",
                                nvme_path=str(args.nvme_path) if args.nvme_path else None)
-        spec = RunSpec(engine=engine, label="llama7b", workload=workload(args), ds_config=cfg, telemetry=telemetry,
+        spec = RunSpec(engine=engine, label="llama7b", workload={**workload(args), "seed": args.seed + rep},
+                       ds_config=cfg, telemetry=telemetry,
                        num_gpus=args.nproc, extra={"repeat": rep}, warmup_steps=steps[0], timed_steps=steps[1])
         protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": -(-spec.timed_steps // spec.cycle) * spec.cycle,
                     "telemetry": telemetry, "repeat": rep}  # timed steps: whole update cycles, as the run rounds

@@ -15,13 +15,14 @@ from zenflow.harness.memory_plan import NEEDS
 from zenflow.harness.records import RunRecord, skip_reason
 from zenflow.harness.tables import MISSING, fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
 from zenflow.reports.convergence import convergence_report
+from zenflow.reports.intervals import Interval, interval_cell, log_interval, ratio_cell, ratio_interval
 from zenflow.telemetry.environment import hardware_label
 from zenflow.telemetry.machine_load import BUSY_BOUND
 from zenflow.telemetry.machine_load import busy as machine_busy
 
 BASELINE = "ds-zero-offload"  # every engine's speedup; a ZenFlow engine's stall: its row's stall_baseline
-COLUMNS = ("engine", "runs", "median step ms", "cycle mean ms", "accumulate step ms", "update step ms",
-           "compute ms", "I/O ms", "stall ms", "speedup vs ds-zero-offload", "stall reduction",
+COLUMNS = ("engine", "runs", "median step ms", "cycle mean ms", "95% interval", "accumulate step ms",
+           "update step ms", "compute ms", "I/O ms", "stall ms", "speedup vs ds-zero-offload [95%]", "stall reduction",
            "bytes/step ÷ model bytes", "final loss")
 
 
@@ -59,9 +60,27 @@ def check_one_world_size(records: Sequence[RunRecord]) -> None:
                                   "run is not comparable with single-GPU runs; tabulate each world size separately")
 
 
+def cycles_by_repeat(records: Sequence[RunRecord]) -> dict[str, dict[int, float]]:
+    """Each engine's cycle-mean step time per repeat (the key that pairs runs across engines: run r of every engine
+    shares its seed and its stretch of machine time, engines interleaved)."""
+    out: dict[str, dict[int, float]] = {}
+    for r in records:
+        if r.status == "ok" and r.summary.get("cycle_mean_ms"):
+            out.setdefault(r.engine, {})[int(r.protocol.get("repeat", 0))] = r.summary["cycle_mean_ms"]
+    return out
+
+
+def speedup(by_repeat: dict[str, dict[int, float]], slow: str, fast: str) -> Interval | None:
+    """slow's step time / fast's, paired by repeat, with its 95% interval (intervals.ratio_interval)."""
+    if slow not in by_repeat or fast not in by_repeat:
+        return None
+    return ratio_interval(by_repeat[slow], by_repeat[fast])
+
+
 def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
-    """One row per engine: medians over its repeated runs of each run's summary value. An engine whose runs were
-    all skipped (DeepSpeed not installed) gets an empty row that says so. Mixed world sizes are refused."""
+    """One row per engine: medians over its repeated runs of each run's summary value, the 95% interval of its
+    cycle-mean step time, and its speedup over BASELINE paired by repeat with its interval. An engine whose runs
+    were all skipped (DeepSpeed not installed) gets an empty row that says so. Mixed world sizes are refused."""
     check_one_world_size(records)
     by_engine: dict[str, list[RunRecord]] = {}
     skipped: dict[str, str] = {}
@@ -81,9 +100,11 @@ def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
             vals = [r.summary.get(key) for r in runs if r.summary.get(key) is not None]
             return statistics.median(vals) if vals else None
 
+        cycle = log_interval([r.summary["cycle_mean_ms"] for r in runs])
         rows.append({"engine": engine, "runs": len(runs),
                      "median_step_ms": statistics.median(r.summary["step_ms"]["median"] for r in runs),
-                     "cycle_mean_ms": med("cycle_mean_ms"), "accumulate_step_ms": med("accumulate_step_ms"),
+                     "cycle_mean_ms": med("cycle_mean_ms"), "cycle_mean_low": cycle.low,
+                     "cycle_mean_high": cycle.high, "accumulate_step_ms": med("accumulate_step_ms"),
                      "update_step_ms": med("update_step_ms"), "compute_ms": med("compute_ms"),
                      "io_ms": med("io_ms"), "stall_ms": med("stall_ms"),
                      "bytes_ratio": med("grad_param_bytes_per_step_over_model_bytes"),
@@ -91,10 +112,10 @@ def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
                      "stall_includes_io": any(r.protocol.get("stall_includes_io") for r in runs),
                      "world_size": run_world_size(runs[0]), "note": None})
     index = {row["engine"]: row for row in rows}
+    pairs = cycles_by_repeat(records)
     for row in rows:
-        base = index.get(BASELINE)
-        row["speedup"] = (base["cycle_mean_ms"] / row["cycle_mean_ms"]
-                          if base and base["cycle_mean_ms"] and row["cycle_mean_ms"] else None)
+        iv = speedup(pairs, BASELINE, row["engine"])
+        row["speedup"], row["speedup_low"], row["speedup_high"] = (iv.center, iv.low, iv.high) if iv else (None,) * 3
         spec = ENGINE_SPECS.get(row["engine"])
         ref = index.get(spec.stall_baseline) if spec and spec.stall_baseline else None
         row["stall_reduction"] = (1 - row["stall_ms"] / ref["stall_ms"]
@@ -113,8 +134,8 @@ def skipped_cell(error: str | None) -> str:
 
 
 def _empty_row(engine: str, note: str) -> dict[str, Any]:
-    keys = ("median_step_ms", "cycle_mean_ms", "accumulate_step_ms", "update_step_ms", "compute_ms", "io_ms",
-            "stall_ms", "bytes_ratio", "final_loss")  # the order of a measured row's keys (the CSV's columns)
+    keys = ("median_step_ms", "cycle_mean_ms", "cycle_mean_low", "cycle_mean_high", "accumulate_step_ms",
+            "update_step_ms", "compute_ms", "io_ms", "stall_ms", "bytes_ratio", "final_loss")  # a measured row's order
     return {"engine": engine, "runs": 0, **dict.fromkeys(keys), "stall_includes_io": False, "world_size": None,
             "note": note}
 
@@ -122,15 +143,34 @@ def _empty_row(engine: str, note: str) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]], tablefmt: str = "github") -> str:
     """The engine table (COLUMNS) of engine_rows' rows."""
     body = [[r["engine"] + (f" ({r['note']})" if r.get("note") else ""), r["runs"],
-             fmt(r["median_step_ms"]), fmt(r["cycle_mean_ms"]),
+             fmt(r["median_step_ms"]), fmt(r["cycle_mean_ms"]), _interval(r, "cycle_mean"),
              fmt(r["accumulate_step_ms"]), fmt(r["update_step_ms"]), fmt(r["compute_ms"]),
              "(in stall)" if r["stall_includes_io"] else fmt(r["io_ms"]), fmt(r["stall_ms"]),
-             fmt(r["speedup"], ".2f") + ("×" if r["speedup"] else ""),
+             "1.00× (baseline)" if r["engine"] == BASELINE and r["runs"] else ratio_cell(_row_interval(r, "speedup")),
              fmt(r["stall_reduction"] and 100 * r["stall_reduction"], ".1f") + ("%" if r["stall_reduction"] else ""),
              fmt(r["bytes_ratio"], ".3f", missing=MISSING if r.get("note") else "not measured"),
              fmt(r["final_loss"], ".3f")]
             for r in rows]
     return markdown(body, COLUMNS, tablefmt=tablefmt)
+
+
+def seeds_line(records: Sequence[RunRecord]) -> str:
+    """The seeds the runs used, per repeat (workload.seed: model init and data order)."""
+    seeds = sorted({(int(r.protocol.get("repeat", 0)), r.workload.get("seed")) for r in records if r.status == "ok"})
+    if not seeds:
+        return ""
+    return "Seeds by repeat: " + ", ".join(f"{rep}: {seed}" for rep, seed in seeds) + "."
+
+
+def _row_interval(row: dict[str, Any], key: str, center: str | None = None) -> Interval | None:
+    """The Interval a row stores flat (center or key, key_low, key_high), for the table's cells."""
+    if row.get(center or key) is None:
+        return None
+    return Interval(row[center or key], row.get(f"{key}_low"), row.get(f"{key}_high"), row["runs"])
+
+
+def _interval(row: dict[str, Any], key: str) -> str:
+    return interval_cell(_row_interval(row, key, f"{key}_ms")) if row["runs"] else MISSING
 
 
 def figure(rows: list[dict[str, Any]], path: Path, title: str, subtitle: str) -> None:
@@ -187,7 +227,10 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
             f"Model: {w.get('model')} ({params:.1f}M params, {w.get('dtype')}), sequence {w.get('seq_len')}, "
             f"micro-batch {w.get('micro_batch')}, data: {w.get('data_source')}. World size {gpus} "
             f"({RANKS if gpus > 1 else 'every engine on one device'}).",
-            f"ZenFlow block: {block}. Step times are means over whole update cycles; medians of the runs.",
+            f"ZenFlow block: {block}. Step times are means over whole update cycles; medians of the runs, "
+            "with the 95% interval of their geometric mean (Student's t on the logs). Speedups and ratios: "
+            "geometric mean of the ratios paired by repeat (run r of every engine: one seed, engines interleaved), "
+            f"95% interval; \"no difference\" where it includes 1. {seeds_line(timed)}",
             "", table(rows), ""]
     text += regime_notes(rows, records)
     ceiling = host_ceiling_note(rows, first, block, out)
@@ -215,29 +258,29 @@ def host_ceiling_note(rows: list[dict[str, Any]], first: RunRecord, block: dict[
                                      interval, base, base / zen if base and zen else None)
 
 
-def peer_notes(index: dict[str, dict[str, Any]]) -> list[str]:
+def peer_notes(index: dict[str, dict[str, Any]], pairs: dict[str, dict[int, float]]) -> list[str]:
     """ZenFlow (ours and DeepSpeed's) against the systems a user would pick instead (configs.PEER_ENGINES)."""
     peers = [p for p in PEER_ENGINES if p in index]
     notes = []
     for zen in (spec.name for spec in zenflow_engines()):
-        z = index.get(zen, {}).get("cycle_mean_ms")
-        if not z or not peers:
+        if not index.get(zen, {}).get("cycle_mean_ms") or not peers:
             continue
-        said = [f"{p} {index[p]['cycle_mean_ms'] / z:.2f}×" if index[p]["cycle_mean_ms"] else f"{p} not run"
+        said = [f"{p} {ratio_cell(speedup(pairs, p, zen))}" if index[p]["cycle_mean_ms"] else f"{p} not run"
                 for p in peers]
-        notes.append(f"- {zen} speedup over the peers (step time ratio): {', '.join(said)}")
+        notes.append(f"- {zen} speedup over the peers (step time ratio, 95% interval): {', '.join(said)}")
     return notes
 
 
-def same_frequency_notes(index: dict[str, dict[str, Any]]) -> list[str]:
+def same_frequency_notes(pairs: dict[str, dict[int, float]]) -> list[str]:
     """ZenFlow's gain over ZeRO-Offload at every-step updates and at the same update frequency (the -gas controls:
     gradient accumulation = the update interval), each family against its own offload engine."""
     notes = []
     for zen, every, same in ((spec.name, spec.stall_baseline, spec.control) for spec in zenflow_engines()):
-        z, e, s = (index.get(n, {}).get("cycle_mean_ms") for n in (zen, every, same))
-        if z and e and s:
-            notes.append(f"- {zen} speedup over {every} (host optimizer every step): {e / z:.2f}×; over {same} "
-                         f"(host optimizer as often as ZenFlow's, gradient accumulation): {s / z:.2f}×")
+        over_every, over_same = speedup(pairs, every, zen), speedup(pairs, same, zen)
+        if over_every and over_same:
+            notes.append(f"- {zen} speedup over {every} (host optimizer every step): {ratio_cell(over_every)}; over "
+                         f"{same} (host optimizer as often as ZenFlow's, gradient accumulation): "
+                         f"{ratio_cell(over_same)}")
     return notes
 
 
@@ -245,6 +288,7 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord]) -> list[s
     """Which regime this is (host optimizer vs compute) and the telemetry overhead, in plain words."""
     notes = []
     index = {r["engine"]: r for r in rows}
+    pairs = cycles_by_repeat([r for r in records if r.protocol.get("telemetry", True)])
     offload = index.get("ref-offload")
     if offload and offload["compute_ms"]:
         ratio = offload["stall_ms"] / offload["compute_ms"]
@@ -252,12 +296,11 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord]) -> list[s
                      f"compute = {ratio:.2f}" + (" — the host optimizer costs as much as compute or more." if ratio >= 1
                                        else " — the host optimizer costs about as much as compute." if ratio >= 0.9
                                        else " — compute dominates."))
-    zen, bound, ds = index.get("ref-zenflow"), index.get("no-offload"), index.get("ds-zenflow")
-    notes += same_frequency_notes(index) + peer_notes(index)
-    if zen and bound and zen["cycle_mean_ms"] and bound["cycle_mean_ms"]:
-        notes.append(f"- ref-zenflow / no-offload = {zen['cycle_mean_ms'] / bound['cycle_mean_ms']:.2f} (target ≤ 1.5)")
-    if zen and ds and zen["cycle_mean_ms"] and ds["cycle_mean_ms"]:
-        notes.append(f"- ref-zenflow / ds-zenflow = {zen['cycle_mean_ms'] / ds['cycle_mean_ms']:.2f} (target ≤ 0.5)")
+    notes += same_frequency_notes(pairs) + peer_notes(index, pairs)
+    for other, target in (("no-offload", "≤ 1.5"), ("ds-zenflow", "≤ 0.5")):
+        ratio = speedup(pairs, "ref-zenflow", other)  # ref-zenflow's step time / the other's
+        if ratio:
+            notes.append(f"- ref-zenflow / {other} = {ratio_cell(ratio).replace('×', '')} (target {target})")
     own = [r.summary["telemetry_ms"] / r.summary["cycle_mean_ms"] for r in records if r.status == "ok"
            and r.engine == "ref-zenflow" and r.summary.get("telemetry_ms") is not None and r.summary["cycle_mean_ms"]]
     if own:
