@@ -22,6 +22,7 @@ from typing import Any
 
 from zenflow.costmodel.model import transfer_bytes
 from zenflow.harness.tables import compact_markdown, write_text_atomic
+from zenflow.reports.intervals import Interval, ratio_cell
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 BEGIN = "<!-- claims:begin -->"
@@ -90,6 +91,11 @@ def _number(cell: str) -> float:
     return float(cell.rstrip("×%").replace(",", ""))
 
 
+def _speedup(row: dict[str, Any]) -> str:
+    """A table row's speedup with its 95% interval, as the table writes it ("no difference" where it includes 1)."""
+    return ratio_cell(Interval(row["speedup"], row.get("speedup_low"), row.get("speedup_high"), int(row["runs"])))
+
+
 def _block(record: dict[str, Any]) -> dict[str, Any]:
     return record["config"]["zero_optimization"]["zenflow"]
 
@@ -125,8 +131,9 @@ def speedup_numbers(f: Files) -> dict[str, Any]:
     epyc_in, epyc_n = _within(f.csv(f"{COST}/validation.csv"))
     xeon_days, epyc_days = _days(f.json(f"costmodel/{XEON}/validation.json")), _days(f.json(f"{COST}/validation.json"))
     record = f.json(f"{LLAMA_XEON}/ref-zenflow-r0.json")
-    return {"zf": run["ref-zenflow"]["speedup"], "zf_ms": run["ref-zenflow"]["cycle_mean_ms"],
-            "ds_ms": run["ds-zero-offload"]["cycle_mean_ms"], "ds_zf": run["ds-zenflow"]["speedup"],
+    return {"zf": _speedup(run["ref-zenflow"]), "zf_ms": run["ref-zenflow"]["cycle_mean_ms"],
+            "ds_ms": run["ds-zero-offload"]["cycle_mean_ms"], "ds_zf": _speedup(run["ds-zenflow"]),
+            "runs": int(run["ref-zenflow"]["runs"]),
             "ours": run["ref-offload"]["cycle_mean_ms"] / run["ref-zenflow"]["cycle_mean_ms"],
             "a100_paper": a100["paper_speedup"], "h100_paper": h100["paper_speedup"],
             "a100": a100["speedup"], "h100": h100["speedup"],
@@ -204,7 +211,11 @@ def time_to_loss_numbers(f: Files) -> dict[str, Any]:
         return f"{engine} {r['step_time_speedup']:.2f}× → {after}"
 
     base = rows["ds-zero-offload"]
+    timed = f.by(f"{LLAMA_XEON}/table.csv", "engine")
     return {"steps": len(record["steps"]), "target": base["final_smoothed_loss"], "base_s": base["time_to_target_s"],
+            "timed": "; ".join(f"{e} {_speedup(timed[e])}" for e in ("ref-zenflow", "ds-zenflow", "ref-offload",
+                                                                      "ref-offload-gas", "ref-offload-overlap")),
+            "runs": int(timed["ref-zenflow"]["runs"]),
             "engines": "; ".join(said(e) for e in ("ref-zenflow", "ds-zenflow", "ref-offload", "ref-offload-gas",
                                                     "ref-offload-overlap", "ref-zenflow-da") if e in rows)}
 
@@ -291,8 +302,8 @@ CLAIMS = (
           (f"{LLAMA_XEON}/table.csv", f"{LLAMA_XEON}/ref-zenflow-r0.json", f"{COST}/projection.csv",
            f"{COST}/projection-band.csv", f"{COST}/inverse.json", f"costmodel/{XEON}/validation.csv",
            f"{COST}/validation.csv", f"costmodel/{XEON}/validation.json", f"{COST}/validation.json"), speedup_numbers,
-          "ref-zenflow **{zf:.2f}×** DeepSpeed ZeRO-Offload ({zf_ms:.1f} vs {ds_ms:.1f} ms/step); DeepSpeed's ZenFlow "
-          "**{ds_zf:.2f}×**; ref-zenflow {ours:.2f}× ref-offload (" + TABLE_XEON + ")",
+          "ref-zenflow **{zf}** DeepSpeed ZeRO-Offload ({zf_ms:.1f} vs {ds_ms:.1f} ms/step, median of {runs} runs, 95% "
+          "interval); DeepSpeed's ZenFlow **{ds_zf}**; ref-zenflow {ours:.2f}× ref-offload (" + TABLE_XEON + ")",
           "Llama-2-7B: A100 **{a100:.1f}×**, H100 **{h100:.1f}×** ([projection](" + COST + "/projection.md)); over "
           "host assumptions A100 {a100_low:.1f}–{a100_high:.1f}×, H100 {h100_low:.1f}–{h100_high:.1f}× ([band]("
           + COST + "/projection-band.md)); within 15% of the measured step at {xeon_in} of {xeon_n} points "
@@ -327,10 +338,13 @@ CLAIMS = (
           "{ds_twin:.2f}×, {ds_fsdp:.2f}×; torchao-offload: {torchao} (" + TABLE_EPYC + ")", "—", "same", LLAMA_RUN),
     Claim("the speedup counted in loss reached per wall time (issue 24)", "— (the paper reports step time, and "
           "GLUE accuracy after a fixed number of steps)",
-          (f"{CONVERGENCE}/convergence.csv", f"{CONVERGENCE}/ref-zenflow-r0.json"), time_to_loss_numbers,
-          "{steps} steps from random weights, one run each: step-time speedup over ds-zero-offload → time to its final "
-          "smoothed loss ({target:.2f}, reached in {base_s:.0f} s): {engines} ([convergence](" + CONVERGENCE
-          + "/convergence.md), [figure](" + CONVERGENCE + "/loss-vs-time.png))", "—", "same",
+          (f"{CONVERGENCE}/convergence.csv", f"{CONVERGENCE}/ref-zenflow-r0.json", f"{LLAMA_XEON}/table.csv"),
+          time_to_loss_numbers,
+          "step time over ds-zero-offload, {runs} runs each with its 95% interval: {timed} (" + TABLE_XEON + "). "
+          "Counted in loss, {steps} steps from random weights, one run each: step-time speedup → time to "
+          "ds-zero-offload's final smoothed loss ({target:.2f}, reached in {base_s:.0f} s): {engines} ([convergence]("
+          + CONVERGENCE + "/convergence.md), [figure](" + CONVERGENCE + "/loss-vs-time.png)); one run each: no "
+          "interval", "—", "same",
           LLAMA_RUN + " `ARGS=--convergence`"),
     Claim("beyond the paper: ZenFlow with the interval's sums on the device (ref-zenflow-da, issue 25)",
           "— (the paper sums on the host every step)",

@@ -237,6 +237,7 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
     text += [ceiling] if ceiling else []
     write_text_atomic(out / "table.md", "\n".join(text) + "\n")
     write_csv(rows, out / "table.csv")
+    write_csv(ratio_rows({r["engine"]: r for r in rows}, cycles_by_repeat(timed)), out / "ratios.csv")
     convergence_report(timed, {r["engine"]: r for r in rows}, out, label)  # loss against wall time (issue 24)
     if any(r["cycle_mean_ms"] for r in rows):
         figure(rows, out / "figure.png", "ZenFlow vs ZeRO-Offload, Llama scenario",
@@ -258,29 +259,49 @@ def host_ceiling_note(rows: list[dict[str, Any]], first: RunRecord, block: dict[
                                      interval, base, base / zen if base and zen else None)
 
 
-def peer_notes(index: dict[str, dict[str, Any]], pairs: dict[str, dict[int, float]]) -> list[str]:
+def ratio_rows(index: dict[str, dict[str, Any]], pairs: dict[str, dict[int, float]]) -> list[dict[str, Any]]:
+    """Every step-time ratio the notes state, paired by repeat with its 95% interval (ratios.csv): each ZenFlow
+    engine against its every-step offload engine and its same-frequency control, against every peer, and
+    ref-zenflow's two targets. `numerator`'s step time / `denominator`'s: above 1, the denominator is faster."""
+    wanted = [("every-step", spec.stall_baseline, spec.name) for spec in zenflow_engines()]
+    wanted += [("same-frequency", spec.control, spec.name) for spec in zenflow_engines()]
+    wanted += [("peer", peer, spec.name) for spec in zenflow_engines() for peer in PEER_ENGINES]
+    wanted += [("target ≤ 1.5", "ref-zenflow", "no-offload"), ("target ≤ 0.5", "ref-zenflow", "ds-zenflow")]
+    rows = []
+    for kind, numerator, denominator in wanted:
+        iv = speedup(pairs, numerator, denominator) if numerator and denominator in index else None
+        if iv is not None:
+            rows.append({"kind": kind, "numerator": numerator, "denominator": denominator, "ratio": iv.center,
+                         "low": iv.low, "high": iv.high, "runs": iv.n, "cell": ratio_cell(iv)})
+    return rows
+
+
+def _cell(ratios: list[dict[str, Any]], kind: str, numerator: str, denominator: str) -> str | None:
+    return next((r["cell"] for r in ratios if (r["kind"], r["numerator"], r["denominator"])
+                 == (kind, numerator, denominator)), None)
+
+
+def peer_notes(index: dict[str, dict[str, Any]], ratios: list[dict[str, Any]]) -> list[str]:
     """ZenFlow (ours and DeepSpeed's) against the systems a user would pick instead (configs.PEER_ENGINES)."""
     peers = [p for p in PEER_ENGINES if p in index]
     notes = []
     for zen in (spec.name for spec in zenflow_engines()):
         if not index.get(zen, {}).get("cycle_mean_ms") or not peers:
             continue
-        said = [f"{p} {ratio_cell(speedup(pairs, p, zen))}" if index[p]["cycle_mean_ms"] else f"{p} not run"
-                for p in peers]
+        said = [f"{p} {_cell(ratios, 'peer', p, zen) or 'not run'}" for p in peers]
         notes.append(f"- {zen} speedup over the peers (step time ratio, 95% interval): {', '.join(said)}")
     return notes
 
 
-def same_frequency_notes(pairs: dict[str, dict[int, float]]) -> list[str]:
+def same_frequency_notes(ratios: list[dict[str, Any]]) -> list[str]:
     """ZenFlow's gain over ZeRO-Offload at every-step updates and at the same update frequency (the -gas controls:
     gradient accumulation = the update interval), each family against its own offload engine."""
     notes = []
     for zen, every, same in ((spec.name, spec.stall_baseline, spec.control) for spec in zenflow_engines()):
-        over_every, over_same = speedup(pairs, every, zen), speedup(pairs, same, zen)
+        over_every, over_same = _cell(ratios, "every-step", every, zen), _cell(ratios, "same-frequency", same, zen)
         if over_every and over_same:
-            notes.append(f"- {zen} speedup over {every} (host optimizer every step): {ratio_cell(over_every)}; over "
-                         f"{same} (host optimizer as often as ZenFlow's, gradient accumulation): "
-                         f"{ratio_cell(over_same)}")
+            notes.append(f"- {zen} speedup over {every} (host optimizer every step): {over_every}; over {same} "
+                         f"(host optimizer as often as ZenFlow's, gradient accumulation): {over_same}")
     return notes
 
 
@@ -296,11 +317,10 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord]) -> list[s
                      f"compute = {ratio:.2f}" + (" — the host optimizer costs as much as compute or more." if ratio >= 1
                                        else " — the host optimizer costs about as much as compute." if ratio >= 0.9
                                        else " — compute dominates."))
-    notes += same_frequency_notes(pairs) + peer_notes(index, pairs)
-    for other, target in (("no-offload", "≤ 1.5"), ("ds-zenflow", "≤ 0.5")):
-        ratio = speedup(pairs, "ref-zenflow", other)  # ref-zenflow's step time / the other's
-        if ratio:
-            notes.append(f"- ref-zenflow / {other} = {ratio_cell(ratio).replace('×', '')} (target {target})")
+    ratios = ratio_rows(index, pairs)
+    notes += same_frequency_notes(ratios) + peer_notes(index, ratios)
+    notes += [f"- ref-zenflow / {r['denominator']} = {r['cell'].replace('×', '')} ({r['kind']})" for r in ratios
+              if r["kind"].startswith("target")]
     own = [r.summary["telemetry_ms"] / r.summary["cycle_mean_ms"] for r in records if r.status == "ok"
            and r.engine == "ref-zenflow" and r.summary.get("telemetry_ms") is not None and r.summary["cycle_mean_ms"]]
     if own:

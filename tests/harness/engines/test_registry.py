@@ -90,12 +90,14 @@ def test_the_rows_are_the_engine_lists_in_table_order():
     assert configs.ENGINES == tuple(spec.name for spec in registry.ROWS) == registry.engine_names()
     assert configs.ENGINES == ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ds-zero-infinity",
                                "ds-twin-flow", "ref-offload", "ref-offload-gas", "ref-zenflow", "ref-zenflow-da",
-                               "ref-offload-overlap", "fsdp2-offload", "torchao-offload", "no-offload",
-                               "no-offload-fp32")
+                               "ref-offload-overlap", "fsdp2-offload", "torchao-offload", "megatron-hybrid-0.1",
+                               "megatron-hybrid-0.5", "megatron-hybrid-1.0", "torchao-adamw8bit", "bnb-adamw8bit",
+                               "no-offload", "no-offload-fp32")
     assert configs.CORE_ENGINES == ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
     assert configs.CONTROL_ENGINES == ("ds-zero-offload-gas", "ref-offload-gas")
     assert configs.PEER_ENGINES == ("ds-zero-infinity", "ds-twin-flow", "ref-offload-overlap", "fsdp2-offload",
-                                    "torchao-offload")
+                                    "torchao-offload", "megatron-hybrid-0.1", "megatron-hybrid-0.5",
+                                    "megatron-hybrid-1.0", "torchao-adamw8bit", "bnb-adamw8bit")
     assert [e for e in configs.ENGINES if is_deepspeed(e)] == [e for e in configs.ENGINES if e.startswith("ds-")]
 
 
@@ -125,7 +127,7 @@ def test_one_cycle_rule_for_the_run_and_the_engine(engine):
 def test_stall_includes_io_is_the_classes_and_the_table_reads_the_stall_baseline():
     assert [s.name for s in registry.ROWS if s.stall_includes_io] == [
         "ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ds-zero-infinity", "ds-twin-flow", "fsdp2-offload",
-        "torchao-offload"]
+        "torchao-offload", "megatron-hybrid-0.1", "megatron-hybrid-0.5", "megatron-hybrid-1.0"]
 
     def record(engine: str, stall: float) -> RunRecord:
         return RunRecord(engine=engine, status="ok", summary={"step_ms": {"median": 10.0}, "cycle_mean_ms": 10.0,

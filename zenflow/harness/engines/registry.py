@@ -35,6 +35,12 @@ from zenflow.harness.engines.classes import (
     OverlappedOffloadEngine,
     TorchEngine,
 )
+from zenflow.harness.engines.optimizer_peers import (
+    OFFLOAD_FRACTIONS,
+    BitsAndBytesAdamW8bitEngine,
+    TorchAOAdamW8bitEngine,
+    megatron_hybrid,
+)
 from zenflow.harness.engines.peers import FSDP2Engine, TorchAOEngine
 from zenflow.host import host_bytes
 from zenflow.selection import num_selected
@@ -52,7 +58,9 @@ TWIN_FLOW_RATIO = 0.5
 TWIN_FLOW_SUB_GROUPS = 16
 
 ASKED = "asked"  # zenflow_block of the ZenFlow engines: the run's own block (deepspeed_config's argument)
-FAMILIES = ("deepspeed", "ours", "pytorch", "bound")  # whose system: DeepSpeed's, ZenFlowAdamW, PyTorch's, no offload
+# whose system: DeepSpeed's, ZenFlowAdamW, PyTorch's, another project's optimizer in the plain loop (Megatron-core,
+# torchao, bitsandbytes: optimizer_peers.py), no offload
+FAMILIES = ("deepspeed", "ours", "pytorch", "other", "bound")
 # configs.CORE_ENGINES, CONTROL_ENGINES, PEER_ENGINES, BEYOND_ENGINES (our variants beyond the paper, run beside the
 # core engines); extra: the rest
 GROUPS = ("core", "control", "peer", "beyond", "extra")
@@ -207,6 +215,21 @@ def memory_torchao(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     return Footprint(4 * s.all_params + 4 * s.params + m.acts + m.b * s.params, 2 * m.fp32_each, 8 * s.params)
 
 
+def memory_megatron_hybrid(spec: EngineSpec, m: MemoryInputs) -> Footprint:
+    """HybridDeviceOptimizer at offload_fraction f (host_share): fp32 master and moments of the device share on the
+    device; of the host share an fp32 copy and fp32 gradient pinned, the moments pageable."""
+    P, f = m.shape.params, spec.host_share
+    host_fp32 = m.pin(int(4 * f * P)) if f else 0
+    return Footprint(m.trained + 12 * (1 - f) * P, 2 * host_fp32, 8 * f * P,
+                     "Megatron-core estimate: medium confidence")
+
+
+def memory_device_8bit(spec: EngineSpec, m: MemoryInputs) -> Footprint:
+    """Two 8-bit moments per parameter, a 4-byte scale per block of 256 each, on the device (no fp32 master)."""
+    P = m.shape.params
+    return Footprint(m.trained + 2 * P + 2 * 4 * P // 256, 0, 0)
+
+
 def memory_device_adamw(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     """torch AdamW's moments in the training dtype (no fp32 master)."""
     return Footprint(m.trained + 2 * m.b * m.shape.params, 0, 0)
@@ -322,6 +345,12 @@ ROWS = (
                memory=memory_overlapped_offload),
     EngineSpec("fsdp2-offload", FSDP2Engine, "pytorch", "peer", zero=not_deepspeed, memory=memory_fsdp2),
     EngineSpec("torchao-offload", TorchAOEngine, "pytorch", "peer", zero=not_deepspeed, memory=memory_torchao),
+    *(EngineSpec(f"megatron-hybrid-{f}", megatron_hybrid(f), "other", "peer", zero=not_deepspeed,
+                 memory=memory_megatron_hybrid, host_share=f) for f in OFFLOAD_FRACTIONS),
+    EngineSpec("torchao-adamw8bit", TorchAOAdamW8bitEngine, "other", "peer", zero=not_deepspeed,
+               memory=memory_device_8bit, host_share=0.0),
+    EngineSpec("bnb-adamw8bit", BitsAndBytesAdamW8bitEngine, "other", "peer", zero=not_deepspeed,
+               memory=memory_device_8bit, host_share=0.0),
     EngineSpec("no-offload", NoOffloadEngine, "bound", "core", memory=memory_device_adamw, host_share=0.0),
     EngineSpec("no-offload-fp32", TorchEngine, "bound", "extra", zenflow_block=DEVICE_FP32_BLOCK,
                memory=memory_device_fp32, host_share=0.0),
