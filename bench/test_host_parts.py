@@ -5,8 +5,9 @@ are benchmarks of the same group, on the same cores (the worker's, as the optimi
     .venv/bin/python -m pytest bench/test_host_parts.py --benchmark-only
     python -m zenflow.costmodel.host_bandwidth     # the same numbers as one table, both scenario sizes
 
-Sizes: the host share of the cpu-scale model's largest column param (14.7M elements); the streams over 3 x 256 MB
-(larger than the caches). ZENFLOW_BENCH_SMALL=1: 1M elements each (a smoke, not a measurement).
+Sizes: the host share of the cpu-scale model's largest column param (14.7M elements) and of a Llama-2-7B MLP
+weight (40.6M); the streams over 3 x 256 MB (larger than the caches). ZENFLOW_BENCH_SMALL=1: 1M elements
+each (a smoke, not a measurement).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from zenflow.host import accumulate_into_, reserved_cores
 
 SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")
 PART_NUMEL = 1_000_000 if SMALL else hb.SIZES["cpu-scale"]
+SIZE_NUMEL = {size: 1_000_000 if SMALL else numel for size, numel in hb.SIZES.items()}  # cpu-scale, 7b-layer
 STREAM_NUMEL = 1_000_000 if SMALL else hb.BOUND_NUMEL
 ROUNDS, WARMUP_ROUNDS = (3, 1) if SMALL else (9, 2)
 SPLIT = reserved_cores(ZenFlowConfig().pt_reserved_cores_perc)
@@ -51,14 +53,16 @@ def test_host_stream(benchmark, stream: str) -> None:
     _record(benchmark, stream, hb.STREAM_BYTES[stream] * STREAM_NUMEL)
 
 
+@pytest.mark.parametrize("size", list(SIZE_NUMEL))
 @pytest.mark.parametrize("part", list(hb.PART_BYTES))
-def test_host_part(benchmark, part: str) -> None:
-    fn = hb.part_kernels(PART_NUMEL)[part]
+def test_host_part(benchmark, part: str, size: str) -> None:
+    numel = SIZE_NUMEL[size]
+    fn = hb.part_kernels(numel)[part]
     benchmark.group = "host-parts"
     busy = hb.python_busy(COMPUTE) if part == "accumulate_beside_python" else nullcontext()
     with hb.on_cores(WORKER), busy:
         benchmark.pedantic(fn, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
-    _record(benchmark, part, hb.PART_BYTES[part] * hb.elements(PART_NUMEL))
+    _record(benchmark, part, hb.PART_BYTES[part] * hb.elements(numel))
 
 
 def test_host_accumulate_before_issue_25(benchmark) -> None:

@@ -81,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ds-repair-weight-view", action="store_true",
                     help="diagnosis: DeepSpeed's ZenFlow with its weight view repaired (divergence G, docs/glue.md); "
                     "default --out gets a ds-weight-view-repaired/ subfolder")
+    ap.add_argument("--eval-every", type=cc.int_at_least(1), default=None,
+                    help="also evaluate on the dev set every N steps, between steps: accuracy against training time, "
+                    "curve.md / accuracy-vs-time.png (issue 24)")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
     for option in ("--tasks", "--engines", "--seeds"):
@@ -129,7 +132,8 @@ def plan(args: argparse.Namespace, tasks: list[str], model: str) -> list[Planned
                             "glue_dir": str(args.glue_dir or "") or None, "strict": args.glue_dir is not None,
                             "train_examples": n, "eval_examples": args.eval_examples,
                             "epochs": args.epochs or (3 if args.full else 1), "seq_len": args.seq_len,
-                            "micro_batch": args.micro_batch, "dtype": args.dtype, "seed": seed, "data_seed": 0}
+                            "micro_batch": args.micro_batch, "dtype": args.dtype, "seed": seed, "data_seed": 0,
+                            "eval_every": args.eval_every}
                 block = {**GLUE_BLOCK, "update_interval": args.update_interval, "topk_ratio": args.topk_ratio}
                 cfg = deepspeed_config(engine, block, args.dtype, args.micro_batch, lr=args.lr,
                                        weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available())

@@ -306,3 +306,26 @@ def test_ds_zenflow_keeps_the_pretrained_weights_only_with_its_weight_view_repai
     assert repaired.protocol["weights_changed_at_init"] == 0 and repaired.protocol["ds_repair_weight_view"]
     assert "Diagnostic run" in (tmp_path / "repaired" / "table.md").read_text()
     assert "Diagnostic run" not in (tmp_path / "shipped" / "table.md").read_text()
+
+
+@shared
+def test_evaluations_along_the_way_record_a_curve_and_change_no_step(tmp_path):
+    """--eval-every 2: points at steps 2, 4 and the end, training time growing and only the steps' (the
+    evaluations between them cost none of it); the step losses are those of the same run without the evaluations
+    (the negative control: they would differ if an evaluation drained the in-flight host update or left dropout
+    off)."""
+    common = ["--tasks", "SST-2", "--engines", "ref-zenflow", "--seeds", "0", "--train-examples", "48",
+              "--eval-examples", "40", "--seq-len", "32", "--micro-batch", "8", "--warmup-steps", "1"]
+    assert reproduce_glue.main([*common, "--out", str(tmp_path / "plain")]) == 0
+    assert reproduce_glue.main([*common, "--eval-every", "2", "--out", str(tmp_path / "curve")]) == 0
+    plain = RunRecord.read(tmp_path / "plain" / "SST-2-ref-zenflow-s0.json")
+    curve = RunRecord.read(tmp_path / "curve" / "SST-2-ref-zenflow-s0.json")
+    points = curve.metrics["curve"]
+    assert [p["step"] for p in points] == [2, 4, 6] and "curve" not in plain.metrics
+    assert 0 < points[0]["train_s"] < points[1]["train_s"] < points[2]["train_s"] <= curve.metrics["train_seconds"]
+    assert points[-1]["score"] == curve.metrics["score"]
+    assert [s["loss"] for s in curve.steps] == [s["loss"] for s in plain.steps]
+    lines = (tmp_path / "curve" / "curve.md").read_text().splitlines()
+    assert any(line.startswith("| SST-2") and "ref-zenflow" in line for line in lines)
+    assert (tmp_path / "curve" / "accuracy-vs-time.png").stat().st_size > 0
+    assert not (tmp_path / "plain" / "curve.md").exists()

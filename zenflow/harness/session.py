@@ -127,6 +127,11 @@ class Session:
         self.i, self.closed = 0, False
         self.train_start: float | None = None
         self.load: LoadWindow | None = None  # the rest of the machine's CPU time over the timed steps
+        # Accuracy against training time (issue 24): the workload's dev-set evaluation every `eval_every` steps,
+        # between steps; `training_s` is the wall time spent inside steps only, so evaluations cost none of it.
+        self.eval_every: int | None = getattr(self.workload, "eval_every", None)
+        self.curve: list[dict[str, Any]] = []
+        self.training_s = 0.0
 
     def run(self) -> RunRecord:
         """Every planned step (with a progress bar), then the record."""
@@ -136,6 +141,8 @@ class Session:
                   file=sys.stderr, dynamic_ncols=True, mininterval=1.0) as bar:
             for _ in range(self.planned_steps):
                 self.step(1)
+                if self.eval_every and self.i % self.eval_every == 0 and self.i < self.planned_steps:
+                    self._evaluate_midway()
                 last = self.timeline.steps[-1]
                 bar.update(1)
                 bar.set_postfix(loss=f"{last.loss:.3f}", kind=last.kind, refresh=False)
@@ -143,8 +150,9 @@ class Session:
 
     def step(self, n: int) -> None:
         """`n` training steps; the last one's period ends here (time between calls belongs to no step)."""
+        entered = time.perf_counter()
         if self.train_start is None:
-            self.train_start = time.perf_counter()
+            self.train_start = entered
         for _ in range(n):
             if self.i == self.warmup_steps:
                 self.sampling = self.sampled = bool(self.sampler.__enter__())  # NVML: the timed steps only
@@ -164,6 +172,7 @@ class Session:
                 raise FloatingPointError(f"loss is {timing.loss} at step {self.i}")
             self.i += 1
         self.timeline.end_step()
+        self.training_s += time.perf_counter() - entered  # after the last step's loss.item(): its work is done
 
     def finish(self) -> RunRecord:
         """Close the timeline, apply outstanding host updates, evaluate (when the workload can), summarize."""
@@ -191,12 +200,23 @@ class Session:
                               "train_seconds": train_seconds, "eval_seconds": eval_seconds,
                               "child_seconds": time.perf_counter() - self.started,
                               **getattr(self.workload, "final_metrics", {})}
+            if self.eval_every:  # the last point: after the drain, as the final score is
+                record.metrics["curve"] = [*self.curve, {"step": self.i, "train_s": self.training_s,
+                                                         "score": metrics["score"]}]
         if host_state is not None:
             record.metrics["host_state_bytes"] = host_state
         if zenflow is not None:
             record.metrics["zenflow"] = zenflow
         record.metrics["peak_rss_bytes"] = peak_rss_bytes()  # what the memory plan's host estimate is checked against
         return record
+
+    def _evaluate_midway(self) -> None:
+        """A dev-set evaluation between two steps: the model as it stands. Nothing is drained (that would change
+        what the next steps compute), so an overlapped host update in flight runs on meanwhile, uncounted: at most
+        one update per evaluation (docs/glue.md, "Accuracy against training time")."""
+        metrics = self.workload.evaluate(self.workload.model)
+        self.workload.model.train()  # evaluate() left it in eval mode (dropout off)
+        self.curve.append({"step": self.i, "train_s": self.training_s, "score": metrics["score"]})
 
     def _evaluate(self) -> tuple[dict[str, Any], float]:
         optimizer = getattr(self.engine, "optimizer", None)

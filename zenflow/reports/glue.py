@@ -20,6 +20,7 @@ from zenflow.harness.configs import ENGINES, GLUE_BLOCK
 from zenflow.harness.engines.registry import ENGINE_SPECS
 from zenflow.harness.glue.data import get_task, metric_name
 from zenflow.harness.records import RunRecord
+from zenflow.reports.glue_curve import curve_report
 from zenflow.reports.scenario import engine_rank, runs_hardware_label
 
 LABELS = {"deepspeed": "DeepSpeed", "ours": "ours"}
@@ -251,6 +252,7 @@ def parity_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> s
         text.append(f"- FAILED runs (see their records): {', '.join(failed)}")
     out.mkdir(parents=True, exist_ok=True)
     tables.write_text_atomic(out / "table.md", "\n".join(text) + "\n")
+    curve_report(ok, out, label)  # accuracy against training time, when the runs evaluated along the way
     if rows:
         write_csv(rows, out / "table.csv")
         write_parity_csv(rows, out / "parity.csv")

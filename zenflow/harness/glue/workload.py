@@ -24,7 +24,7 @@ from zenflow.harness.workloads import DTYPES, WorkloadError
 
 GLUE_DEFAULTS = {"kind": "glue", "task": "SST-2", "model": None, "glue_dir": None, "strict": False,
                  "train_examples": None, "eval_examples": None, "epochs": 1, "seq_len": 128, "micro_batch": 16,
-                 "dtype": "fp32", "seed": 0, "data_seed": 0}
+                 "dtype": "fp32", "seed": 0, "data_seed": 0, "eval_every": None}
 EVAL_BATCH = 64
 # How a run child reports bad input (not a failed run): the exception lines its traceback ends with.
 BAD_INPUT = ("zenflow.harness.glue.data.GlueError: ", "zenflow.harness.workloads.WorkloadError: ")
@@ -171,6 +171,7 @@ class GlueWorkload:
         self.model.train()
         self.plan = train_batches(self.train, w["epochs"], w["micro_batch"], w["seed"])
         self.steps = len(self.plan)
+        self.eval_every = w["eval_every"]  # dev-set evaluations during training (session.py: accuracy vs time)
         self.w = w
         self.description = {**w, "train_source": self.train.source, "train_size": len(self.train),
                             "train_of": self.train.meta.get("subset_of"),
