@@ -35,6 +35,7 @@ LLAMA_XEON, LLAMA_EPYC, COST = f"llama7b/{XEON}", f"llama7b/{EPYC}", f"costmodel
 CONVERGENCE = f"{LLAMA_XEON}/convergence"
 GLUE_XEON, GLUE_EPYC = f"glue/{XEON}", f"glue/{EPYC}"
 REPAIRED, STUDY, SCALING = f"{GLUE_EPYC}/ds-weight-view-repaired", f"{GLUE_EPYC}/study", f"scaling/{EPYC}"
+GLUE_CURVE = f"{GLUE_XEON}/curve"
 
 
 class ClaimError(RuntimeError):
@@ -222,7 +223,24 @@ def time_to_loss_numbers(f: Files) -> dict[str, Any]:
                                                                       "ref-offload-gas", "ref-offload-overlap")),
             "runs": int(timed["ref-zenflow"]["runs"]),
             "engines": "; ".join(said(e) for e in ("ref-zenflow", "ds-zenflow", "ref-offload", "ref-offload-gas",
-                                                    "ref-offload-overlap", "ref-zenflow-da") if e in rows)}
+                                                    "ref-offload-overlap", "ref-zenflow-da") if e in rows),
+            **glue_curve_numbers(f)}
+
+
+def glue_curve_numbers(f: Files) -> dict[str, Any]:
+    """The GLUE accuracy-against-time run (reproduce/glue.py --eval-every): step-time against time-to-accuracy."""
+    rows = {r["engine"]: r for r in f.csv(f"{GLUE_CURVE}/curve.csv")}
+
+    def said(engine: str) -> str:
+        r = rows[engine]
+        after = (f"**{r['time_to_accuracy_speedup']:.2f}×**" if r["time_to_accuracy_speedup"] else
+                 f"**not reached** (final {r['final_score']:.1f})")
+        return f"{engine} {r['step_time_speedup']:.2f}× → {after}"
+
+    base = rows["ds-zero-offload"]
+    return {"glue_task": base["task"], "glue_seeds": int(base["seeds"]), "glue_target": base["target"],
+            "glue_base_s": base["time_to_target_s"],
+            "glue": "; ".join(said(e) for e in ("ref-zenflow", "ds-zenflow", "ref-offload", "no-offload") if e in rows)}
 
 
 def peers_numbers(f: Files) -> dict[str, Any]:
@@ -353,14 +371,17 @@ CLAIMS = (
           "—", XEON, LLAMA_RUN),
     Claim("the speedup counted in loss reached per wall time (issue 24)", "— (the paper reports step time, and "
           "GLUE accuracy after a fixed number of steps)",
-          (f"{CONVERGENCE}/convergence.csv", f"{CONVERGENCE}/ref-zenflow-r0.json", f"{LLAMA_XEON}/table.csv"),
-          time_to_loss_numbers,
+          (f"{CONVERGENCE}/convergence.csv", f"{CONVERGENCE}/ref-zenflow-r0.json", f"{LLAMA_XEON}/table.csv",
+           f"{GLUE_CURVE}/curve.csv"), time_to_loss_numbers,
           "step time over ds-zero-offload, {runs} runs each with its 95% interval: {timed} (" + TABLE_XEON + "). "
           "Counted in loss, {steps} steps from random weights, one run each: step-time speedup → time to "
           "ds-zero-offload's final smoothed loss ({target:.2f}, reached in {base_s:.0f} s): {engines} ([convergence]("
-          + CONVERGENCE + "/convergence.md), [figure](" + CONVERGENCE + "/loss-vs-time.png)); one run each: no "
-          "interval", "—", "same",
-          LLAMA_RUN + " `ARGS=--convergence`"),
+          + CONVERGENCE + "/convergence.md), [figure](" + CONVERGENCE + "/loss-vs-time.png)). GLUE {glue_task} "
+          "({glue_seeds} seed): step-time speedup → time to ds-zero-offload's final dev score ({glue_target:.1f}, "
+          "reached in {glue_base_s:.0f} s of training): {glue} ([curve](" + GLUE_CURVE + "/curve.md), [figure]("
+          + GLUE_CURVE + "/accuracy-vs-time.png)). One run each: no interval", "—", "same",
+          LLAMA_RUN + " `ARGS=--convergence`; `python reproduce/glue.py --tasks SST-2 --seeds 0 --eval-every 16 "
+          "--out results/glue/<hardware-id>/curve`"),
     Claim("beyond the paper: ZenFlow with the interval's sums on the device (ref-zenflow-da, issue 25)",
           "— (the paper sums on the host every step)",
           (f"{LLAMA_XEON}/table.csv", f"{LLAMA_XEON}/ref-zenflow-r0.json", f"{COST}/projection.csv",
