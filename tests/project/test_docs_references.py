@@ -20,7 +20,8 @@ IDS = [str(p.relative_to(ROOT)) for p in DOCS]
 NAMED = [re.compile(r"`([\w./-]+\.py)::?\s*([A-Za-z_]\w*)`"), re.compile(r"`([\w./-]+\.py)`:\s*`([A-Za-z_]\w*)`")]
 SOURCE_PATH = re.compile(r"`((?:zenflow|tests|bench|reproduce|examples)/[\w./-]*\.py)")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-ENGINE = r"(?:ds-[a-z0-9-]+|ref-[a-z0-9-]+|no-offload(?:-fp32)?|fsdp2-offload|torchao-offload)"
+ENGINE = (r"(?:ds-[a-z0-9-]+|ref-[a-z0-9-]+|no-offload(?:-fp32)?|fsdp2-offload|torchao-offload|"
+          r"megatron-hybrid-[0-9.]+|torchao-adamw8bit|bnb-adamw8bit)")
 ENGINE_LIST = re.compile(rf"`{ENGINE}`(?:,\s*(?:and\s+|or\s+)?`{ENGINE}`){{2,}}")  # three or more, comma-separated
 ENGINE_TABLE = re.compile(rf"^\|\s*`({ENGINE})`\s*\|", re.M)  # a table whose rows start with an engine
 SUBSETS = ("CORE_ENGINES", "CONTROL_ENGINES", "PEER_ENGINES", "BEYOND_ENGINES")

