@@ -78,16 +78,14 @@ def accumulate_on_device_(params: list[torch.Tensor], state: dict, link: Link, c
 def _add_(st: ColumnState, block: torch.Tensor, scale: float, link: Link) -> None:
     """The interval's first gradient is copied (no zero-fill) and scaled, later ones added as acc + scale·block in
     one rounding, as host.accumulate_into_ does."""
-    if st.d_acc_count == 0:
+    first = st.d_acc_count == 0
+    if first:
         if st.d_acc is None or st.d_acc.shape != block.shape:  # first use, or a rank's block changed width
             # allocated on the compute stream, which writes it; a replaced one is kept by record_stream until its
             # last ship has read it (Link.gather_to_host)
             st.d_acc = torch.empty(block.shape, dtype=torch.float32, device=block.device)
         link.compute_waits_for(st.d_acc_shipped)  # CUDA: the last ship must have read it (no host wait)
         st.d_acc_shipped = None
-        first = True
-    else:
-        first = False
     if st.d_acc.device.type == "cpu":
         accumulate_into_(st.d_acc, block, scale, first)  # the CPU device: the host's own blocked kernel
     elif first:

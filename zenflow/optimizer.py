@@ -146,7 +146,6 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         n_staging = 0 if self.accumulate_on == "device" else 2 if overlap and self.link.cuda else 1
         self.state[p] = ColumnState.new(p, mine, n_accumulators=2 if overlap else 1, n_staging=n_staging)
 
-
     @property
     def host_state_bytes(self) -> int:
         """Host memory held now: fp32 master, moments and accumulators of the built host parts (host-owned columns

@@ -85,7 +85,6 @@ class OverlappedOffloadAdamW(Observed, torch.optim.Optimizer):
                          grad=self.link.host_empty(tuple(p.shape), p.dtype), grad32=torch.empty_like(master),
                          upload=self.link.host_empty(tuple(p.shape), p.dtype))
 
-
     @property
     def host_state_bytes(self) -> int:
         return sum(sum(t.numel() * t.element_size() for t in (h.master, h.exp_avg, h.exp_avg_sq, h.grad, h.grad32,

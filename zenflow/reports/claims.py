@@ -22,7 +22,8 @@ from typing import Any
 
 from zenflow.costmodel.model import transfer_bytes
 from zenflow.harness.tables import compact_markdown, write_text_atomic
-from zenflow.reports.intervals import Interval, ratio_cell
+from zenflow.reports.intervals import ratio_cell
+from zenflow.reports.scenario import row_interval
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 BEGIN = "<!-- claims:begin -->"
@@ -94,7 +95,13 @@ def _number(cell: str) -> float:
 
 def _speedup(row: dict[str, Any]) -> str:
     """A table row's speedup with its 95% interval, as the table writes it ("no difference" where it includes 1)."""
-    return ratio_cell(Interval(row["speedup"], row.get("speedup_low"), row.get("speedup_high"), int(row["runs"])))
+    return ratio_cell(row_interval(row, "speedup"))
+
+
+def _then(engine: str, step_time_speedup: float, target_speedup: float | None, short_of: str) -> str:
+    """"engine 1.70× → **1.96×**": a step-time speedup and what survives of it to a target, or "not reached"."""
+    after = f"**{target_speedup:.2f}×**" if target_speedup else f"**not reached** ({short_of})"
+    return f"{engine} {step_time_speedup:.2f}× → {after}"
 
 
 def _block(record: dict[str, Any]) -> dict[str, Any]:
@@ -212,9 +219,8 @@ def time_to_loss_numbers(f: Files) -> dict[str, Any]:
 
     def said(engine: str) -> str:
         r = rows[engine]
-        after = (f"**{r['time_to_loss_speedup']:.2f}×**" if r["time_to_loss_speedup"] else
-                 f"**not reached** (smoothed loss {r['final_smoothed_loss']:.2f})")
-        return f"{engine} {r['step_time_speedup']:.2f}× → {after}"
+        return _then(engine, r["step_time_speedup"], r["time_to_loss_speedup"],
+                     f"smoothed loss {r['final_smoothed_loss']:.2f}")
 
     base = rows["ds-zero-offload"]
     timed = f.by(f"{LLAMA_XEON}/table.csv", "engine")
@@ -233,9 +239,7 @@ def glue_curve_numbers(f: Files) -> dict[str, Any]:
 
     def said(engine: str) -> str:
         r = rows[engine]
-        after = (f"**{r['time_to_accuracy_speedup']:.2f}×**" if r["time_to_accuracy_speedup"] else
-                 f"**not reached** (final {r['final_score']:.1f})")
-        return f"{engine} {r['step_time_speedup']:.2f}× → {after}"
+        return _then(engine, r["step_time_speedup"], r["time_to_accuracy_speedup"], f"final {r['final_score']:.1f}")
 
     base = rows["ds-zero-offload"]
     return {"glue_task": base["task"], "glue_seeds": int(base["seeds"]), "glue_target": base["target"],

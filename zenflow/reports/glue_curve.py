@@ -19,8 +19,8 @@ from typing import Any
 
 from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
+from zenflow.reports.convergence import BASELINES  # the every-step ZeRO-Offload run the target comes from
 
-BASELINES = ("ds-zero-offload", "ref-offload")  # the every-step ZeRO-Offload run the target comes from
 COLUMNS = ("task", "engine", "seeds", "points", "final score", "training s", "target", "time to target s",
            "step-time speedup", "time-to-accuracy speedup")
 

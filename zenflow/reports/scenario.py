@@ -146,7 +146,7 @@ def table(rows: list[dict[str, Any]], tablefmt: str = "github") -> str:
              fmt(r["median_step_ms"]), fmt(r["cycle_mean_ms"]), _interval(r, "cycle_mean"),
              fmt(r["accumulate_step_ms"]), fmt(r["update_step_ms"]), fmt(r["compute_ms"]),
              "(in stall)" if r["stall_includes_io"] else fmt(r["io_ms"]), fmt(r["stall_ms"]),
-             "1.00× (baseline)" if r["engine"] == BASELINE and r["runs"] else ratio_cell(_row_interval(r, "speedup")),
+             "1.00× (baseline)" if r["engine"] == BASELINE and r["runs"] else ratio_cell(row_interval(r, "speedup")),
              fmt(r["stall_reduction"] and 100 * r["stall_reduction"], ".1f") + ("%" if r["stall_reduction"] else ""),
              fmt(r["bytes_ratio"], ".3f", missing=MISSING if r.get("note") else "not measured"),
              fmt(r["final_loss"], ".3f")]
@@ -162,15 +162,15 @@ def seeds_line(records: Sequence[RunRecord]) -> str:
     return "Seeds by repeat: " + ", ".join(f"{rep}: {seed}" for rep, seed in seeds) + "."
 
 
-def _row_interval(row: dict[str, Any], key: str, center: str | None = None) -> Interval | None:
-    """The Interval a row stores flat (center or key, key_low, key_high), for the table's cells."""
+def row_interval(row: dict[str, Any], key: str, center: str | None = None) -> Interval | None:
+    """The Interval a row (or its table.csv line) stores flat (center or key, key_low, key_high)."""
     if row.get(center or key) is None:
         return None
     return Interval(row[center or key], row.get(f"{key}_low"), row.get(f"{key}_high"), row["runs"])
 
 
 def _interval(row: dict[str, Any], key: str) -> str:
-    return interval_cell(_row_interval(row, key, f"{key}_ms")) if row["runs"] else MISSING
+    return interval_cell(row_interval(row, key, f"{key}_ms")) if row["runs"] else MISSING
 
 
 def figure(rows: list[dict[str, Any]], path: Path, title: str, subtitle: str) -> None:
@@ -232,12 +232,13 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
             "geometric mean of the ratios paired by repeat (run r of every engine: one seed, engines interleaved), "
             f"95% interval; \"no difference\" where it includes 1. {seeds_line(timed)}",
             "", table(rows), ""]
-    text += regime_notes(rows, records)
+    ratios = ratio_rows(cycles_by_repeat(timed))
+    text += regime_notes(rows, records, ratios)
     ceiling = host_ceiling_note(rows, first, block, out)
     text += [ceiling] if ceiling else []
     write_text_atomic(out / "table.md", "\n".join(text) + "\n")
     write_csv(rows, out / "table.csv")
-    write_csv(ratio_rows({r["engine"]: r for r in rows}, cycles_by_repeat(timed)), out / "ratios.csv")
+    write_csv(ratios, out / "ratios.csv")
     convergence_report(timed, {r["engine"]: r for r in rows}, out, label)  # loss against wall time (issue 24)
     if any(r["cycle_mean_ms"] for r in rows):
         figure(rows, out / "figure.png", "ZenFlow vs ZeRO-Offload, Llama scenario",
@@ -259,7 +260,7 @@ def host_ceiling_note(rows: list[dict[str, Any]], first: RunRecord, block: dict[
                                      interval, base, base / zen if base and zen else None)
 
 
-def ratio_rows(index: dict[str, dict[str, Any]], pairs: dict[str, dict[int, float]]) -> list[dict[str, Any]]:
+def ratio_rows(pairs: dict[str, dict[int, float]]) -> list[dict[str, Any]]:
     """Every step-time ratio the notes state, paired by repeat with its 95% interval (ratios.csv): each ZenFlow
     engine against its every-step offload engine and its same-frequency control, against every peer, and
     ref-zenflow's two targets. `numerator`'s step time / `denominator`'s: above 1, the denominator is faster."""
@@ -269,7 +270,7 @@ def ratio_rows(index: dict[str, dict[str, Any]], pairs: dict[str, dict[int, floa
     wanted += [("target ≤ 1.5", "ref-zenflow", "no-offload"), ("target ≤ 0.5", "ref-zenflow", "ds-zenflow")]
     rows = []
     for kind, numerator, denominator in wanted:
-        iv = speedup(pairs, numerator, denominator) if numerator and denominator in index else None
+        iv = speedup(pairs, numerator, denominator)  # None when either engine has no timed run
         if iv is not None:
             rows.append({"kind": kind, "numerator": numerator, "denominator": denominator, "ratio": iv.center,
                          "low": iv.low, "high": iv.high, "runs": iv.n, "cell": ratio_cell(iv)})
@@ -305,11 +306,14 @@ def same_frequency_notes(ratios: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord]) -> list[str]:
-    """Which regime this is (host optimizer vs compute) and the telemetry overhead, in plain words."""
+def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord],
+                 ratios: list[dict[str, Any]] | None = None) -> list[str]:
+    """Which regime this is (host optimizer vs compute) and the telemetry overhead, in plain words. `ratios`:
+    ratio_rows of the timed records (computed here when not given)."""
     notes = []
     index = {r["engine"]: r for r in rows}
-    pairs = cycles_by_repeat([r for r in records if r.protocol.get("telemetry", True)])
+    if ratios is None:
+        ratios = ratio_rows(cycles_by_repeat([r for r in records if r.protocol.get("telemetry", True)]))
     offload = index.get("ref-offload")
     if offload and offload["compute_ms"]:
         ratio = offload["stall_ms"] / offload["compute_ms"]
@@ -317,7 +321,6 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord]) -> list[s
                      f"compute = {ratio:.2f}" + (" — the host optimizer costs as much as compute or more." if ratio >= 1
                                        else " — the host optimizer costs about as much as compute." if ratio >= 0.9
                                        else " — compute dominates."))
-    ratios = ratio_rows(index, pairs)
     notes += same_frequency_notes(ratios) + peer_notes(index, ratios)
     notes += [f"- ref-zenflow / {r['denominator']} = {r['cell'].replace('×', '')} ({r['kind']})" for r in ratios
               if r["kind"].startswith("target")]

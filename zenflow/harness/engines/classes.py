@@ -147,21 +147,16 @@ class OverlappedOffloadEngine(TorchEngine):
     staleness, nothing selected): the control issue 24 asks for beside ZenFlow (zenflow/overlapped_offload.py)."""
 
     def build_optimizer(self, distributed: bool) -> OverlappedOffloadAdamW:
-        if distributed:
-            raise ValueError("ref-offload-overlap runs in one process only (no data parallelism): run it with "
-                             "--nproc 1")
-        p = self.ds_config["optimizer"]["params"]
-        return OverlappedOffloadAdamW(self.model.parameters(), lr=p["lr"], betas=p["betas"], eps=p["eps"],
-                                      weight_decay=p["weight_decay"], gradient_clipping=self.clipping)
+        refuse_ranks(self.name, distributed)
+        return OverlappedOffloadAdamW(self.model.parameters(), **adamw_args(self.ds_config, fused=False),
+                                      gradient_clipping=self.clipping)
 
 
 class NoOffloadEngine(TorchEngine):
     """no-offload: torch.optim.AdamW (fused) on the model's own parameters, the bound when the model fits."""
 
     def build_optimizer(self, distributed: bool) -> torch.optim.Optimizer:
-        p = self.ds_config["optimizer"]["params"]
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=p["lr"], betas=p["betas"], eps=p["eps"],
-                                      weight_decay=p["weight_decay"], fused=True)
+        optimizer = torch.optim.AdamW(self.model.parameters(), **adamw_args(self.ds_config))
         if distributed:  # the no-offload baseline is plain data parallelism
             self.model = torch.nn.parallel.DistributedDataParallel(self.model)
         return optimizer
@@ -249,6 +244,21 @@ class DeepSpeedEngine(Engine):
     def close(self) -> None:
         if hasattr(self.engine, "destroy"):
             self.engine.destroy()
+
+
+def adamw_args(ds_config: dict[str, Any], fused: bool = True) -> dict[str, Any]:
+    """torch AdamW's arguments from the config's optimizer block (every engine reads the same one); `fused`: torch's
+    fused kernel, which the torch-AdamW engines pass: for CPU tensors torch's default is neither foreach nor fused,
+    a per-parameter loop that would make a host AdamW look far slower than it is (issue 24)."""
+    p = ds_config["optimizer"]["params"]
+    return {"lr": p["lr"], "betas": tuple(p["betas"]), "eps": p["eps"], "weight_decay": p["weight_decay"],
+            **({"fused": True} if fused else {})}
+
+
+def refuse_ranks(name: str, distributed: bool) -> None:
+    """The engines that run in one process only say so under a launcher, before any step."""
+    if distributed:
+        raise ValueError(f"{name} runs in one process only (no data parallelism): run it with --nproc 1")
 
 
 def _noting(predicate: Any, seen: set[int], when: Any) -> Any:

@@ -24,23 +24,12 @@ What each computes, against its baseline (docs/peers.md):
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
 
 import torch
 
-from zenflow.harness.engines.classes import NoOffloadEngine
+from zenflow.harness.engines.classes import NoOffloadEngine, adamw_args, refuse_ranks
 
 OFFLOAD_FRACTIONS = (0.1, 0.5, 1.0)  # Megatron-core's offload_fraction: the share of parameters on the host
-
-
-def _adamw_args(ds_config: dict[str, Any]) -> dict[str, Any]:
-    p = ds_config["optimizer"]["params"]
-    return {"lr": p["lr"], "betas": tuple(p["betas"]), "eps": p["eps"], "weight_decay": p["weight_decay"]}
-
-
-def _single_process(name: str, distributed: bool) -> None:
-    if distributed:
-        raise ValueError(f"{name} runs in one process only (no data parallelism here): run it with --nproc 1")
 
 
 class MegatronHybridEngine(NoOffloadEngine):
@@ -61,13 +50,13 @@ class MegatronHybridEngine(NoOffloadEngine):
         return None
 
     def build_optimizer(self, distributed: bool) -> torch.optim.Optimizer:
-        _single_process(self.name, distributed)
+        refuse_ranks(self.name, distributed)
         from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
 
         return HybridDeviceOptimizer(self.model.parameters(), offload_fraction=self.offload_fraction,
                                      cpu_optimizer_cls=torch.optim.AdamW, gpu_optimizer_cls=torch.optim.AdamW,
                                      param_update_in_fp32=True, pin_cpu_grads=True, pin_cpu_params=True,
-                                     overlap_cpu_optimizer_d2h_h2d=True, fused=True, **_adamw_args(self.ds_config))
+                                     overlap_cpu_optimizer_d2h_h2d=True, **adamw_args(self.ds_config))
 
 
 def megatron_hybrid(fraction: float) -> type[MegatronHybridEngine]:
@@ -86,10 +75,10 @@ class TorchAOAdamW8bitEngine(NoOffloadEngine):
         return None
 
     def build_optimizer(self, distributed: bool) -> torch.optim.Optimizer:
-        _single_process(self.name, distributed)
+        refuse_ranks(self.name, distributed)
         from torchao.optim import AdamW8bit
 
-        return AdamW8bit(self.model.parameters(), **_adamw_args(self.ds_config))
+        return AdamW8bit(self.model.parameters(), **adamw_args(self.ds_config, fused=False))
 
 
 class BitsAndBytesAdamW8bitEngine(NoOffloadEngine):
@@ -104,7 +93,7 @@ class BitsAndBytesAdamW8bitEngine(NoOffloadEngine):
         return None
 
     def build_optimizer(self, distributed: bool) -> torch.optim.Optimizer:
-        _single_process(self.name, distributed)
+        refuse_ranks(self.name, distributed)
         import bitsandbytes as bnb
 
-        return bnb.optim.AdamW8bit(self.model.parameters(), **_adamw_args(self.ds_config))
+        return bnb.optim.AdamW8bit(self.model.parameters(), **adamw_args(self.ds_config, fused=False))

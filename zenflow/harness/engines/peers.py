@@ -22,18 +22,9 @@ from typing import Any
 
 import torch
 
-from zenflow.harness.engines.classes import Engine, fingerprints, join_ranks, model_inputs
+from zenflow.harness.engines.classes import Engine, adamw_args, fingerprints, join_ranks, model_inputs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def _adamw(ds_config: dict[str, Any]) -> dict[str, Any]:
-    """torch AdamW's arguments from the config's optimizer block (every engine reads the same one), with the fused
-    kernel: these peers' AdamW runs on host tensors, where torch's default (no foreach, no fused, for CPU tensors)
-    is a per-parameter Python loop that would make them look far slower than they are (issue 24)."""
-    p = ds_config["optimizer"]["params"]
-    return {"lr": p["lr"], "betas": tuple(p["betas"]), "eps": p["eps"], "weight_decay": p["weight_decay"],
-            "fused": True}
 
 
 class HostAdamWEngine(Engine):
@@ -80,7 +71,8 @@ class FSDP2Engine(HostAdamWEngine):
         for layer in _layers(self.model):  # one all-gather per decoder layer, as FSDP is meant to be used
             fully_shard(layer, **policy)
         fully_shard(self.model, **policy)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), **_adamw(self.ds_config))  # where they are: host
+        # where the parameters are: on the host
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), **adamw_args(self.ds_config))
 
     def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         loss = self.model(**model_inputs(batch, self.device)).loss
@@ -110,7 +102,7 @@ class TorchAOEngine(HostAdamWEngine):
 
         self.model.float().to(self.device)  # fp32 master weights; the forward runs in the workload's dtype
         self.dtype = DTYPES[_dtype(self.ds_config)]
-        self.optimizer = CPUOffloadOptimizer(self.model.parameters(), torch.optim.AdamW, **_adamw(self.ds_config))
+        self.optimizer = CPUOffloadOptimizer(self.model.parameters(), torch.optim.AdamW, **adamw_args(self.ds_config))
 
     def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         cast = (torch.autocast(self.device.type, dtype=self.dtype) if self.dtype != torch.float32
