@@ -8,6 +8,8 @@ labelled "cpu-scale" everywhere. Output: records, table.md/.csv and figure.png i
     python reproduce/llama7b.py                      # what `make reproduce-llama7b` runs
     python reproduce/llama7b.py --model meta-llama/Llama-2-7b-hf --seq-len 512
     python reproduce/llama7b.py --shape llama2-7b --layers 8 --plan   # the memory plan only: nothing runs
+    python reproduce/llama7b.py --convergence        # loss against wall time, 5 rounds (convergence/)
+    python reproduce/llama7b.py --cores-ablation     # ZenFlow at each pt_reserved_cores_perc (cores/)
     python reproduce/gpu_7b.py --list                # the 7B-class sequence for one GPU host (docs/llama7b-gpu.md)
 
 `--shape llama2-7b --layers N`: random weights at Llama-2-7B's layer shapes, N of its 32 layers (the default on a
@@ -39,9 +41,10 @@ from zenflow.harness.checks import arguments as cc
 from zenflow.harness.checks.preflight import PreflightError, check_async_io, check_build_locks, check_cuda_usable
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES, TINY_LLAMA_SHAPE
 from zenflow.harness.engines.build import deepspeed_config
-from zenflow.harness.engines.registry import is_deepspeed, needs_async_io
+from zenflow.harness.engines.registry import ASKED, is_deepspeed, needs_async_io, zenflow_engines
 from zenflow.harness.plans import PlannedRun, execute, report_existing
 from zenflow.harness.session import RunSpec
+from zenflow.reports.cores import FRACTIONS, cores_report, planned_split
 from zenflow.reports.scenario import scenario_report
 from zenflow.telemetry.environment import capture_environment
 
@@ -115,9 +118,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "keep the ok records of the same runs, rerun the rest")
     ap.add_argument("--no-overhead-check", action="store_true", help="skip the run without telemetry")
     ap.add_argument("--convergence", action="store_true",
-                    help=f"loss against wall time: {CONVERGENCE_STEPS} timed steps, 1 repeat, the engines that differ "
-                    "in what a step computes (default --engines: " + " ".join(CONVERGENCE_ENGINES) + "), into the "
-                    "convergence/ subfolder (≈15 min here)")
+                    help=f"loss against wall time: {CONVERGENCE_STEPS} timed steps, the engines that differ in what a "
+                    "step computes (default --engines: " + " ".join(CONVERGENCE_ENGINES) + "), into the convergence/ "
+                    f"subfolder ({CPU_REPEATS} rounds here: ≈35 min)")
+    ap.add_argument("--cores-ablation", nargs="*", type=cc.float_between(0, 1), default=None, metavar="P",
+                    help="the ZenFlow engines (default --engines: ref-zenflow ds-zenflow) at each "
+                    "pt_reserved_cores_perc P, the share of the cores kept for PyTorch compute (default: "
+                    + " ".join(f"{f:g}" for f in FRACTIONS) + "), into the cores/ subfolder (≈8 min here)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 4+4 steps (for the test suite)")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
@@ -135,9 +142,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     short = (shaped or small) and not args.convergence  # the 15-minute budgets: see CPU_REPEATS
     args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (4 if short else 8)
     args.timed_steps = args.timed_steps or (CONVERGENCE_STEPS if args.convergence else 8 if short else 16)
-    args.repeats = args.repeats or (1 if shaped or args.convergence else CPU_REPEATS if small else GPU_REPEATS)
+    args.repeats = args.repeats or (1 if shaped else CPU_REPEATS if small else GPU_REPEATS)
     if args.convergence and args.engines == list(ENGINES):
         args.engines = list(CONVERGENCE_ENGINES)
+    if args.cores_ablation is not None:
+        cores_ablation_args(ap, args)
     cc.distinct(ap, "--engines", args.engines)
     on_gpus = gpu and args.device != "cpu"
     most = torch.cuda.device_count() if on_gpus else len(os.sched_getaffinity(0))
@@ -167,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     scenario = f"{args.shape}-{args.layers}L{'-frozen-embedding' if args.freeze_embedding else ''}" if args.shape \
         else ""
     out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"] / scenario / (
-        f"nproc-{args.nproc}" if args.nproc > 1 else "") / ("convergence" if args.convergence else "")
-    report = partial(scenario_report, env=env)
+        f"nproc-{args.nproc}" if args.nproc > 1 else "") / (
+        "convergence" if args.convergence else "cores" if args.cores_ablation else "")
+    report = partial(cores_report if args.cores_ablation else scenario_report, env=env)
     if args.report_only:  # records only: no plan, no probe
         problem = report_existing(out, report)
         return cc.refuse(problem) if problem else 0
@@ -197,6 +207,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"memory plan: {engine} is skipped: {why}", file=sys.stderr)
     return execute(out, plan(args, skips), cc.command_line("reproduce/llama7b.py", argv), report,
                    resume=args.resume)
+
+
+def cores_ablation_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--cores-ablation: its fractions (FRACTIONS when none are given) and engines (those that split the cores)."""
+    if args.convergence:
+        ap.error("argument --cores-ablation: not allowed with --convergence (expected one study per run)")
+    args.cores_ablation = args.cores_ablation or list(FRACTIONS)
+    cc.distinct(ap, "--cores-ablation", args.cores_ablation)
+    splitting = [s.name for s in zenflow_engines() if s.zenflow_block == ASKED]
+    if args.engines == list(ENGINES):
+        args.engines = [e for e in ("ref-zenflow", "ds-zenflow") if e in splitting]
+    other = [e for e in args.engines if e not in splitting]
+    if other:
+        ap.error(f"argument --engines: {', '.join(other)} not allowed with --cores-ablation: expected engines that "
+                 f"split the cores ({', '.join(splitting)})")
+    args.no_overhead_check = True  # a study of one setting, not the scenario's cells
 
 
 def workload(args: argparse.Namespace, layers: int | None = None) -> dict:
@@ -240,21 +266,27 @@ def plan(args: argparse.Namespace, skips: dict[str, str | None] | None = None) -
     ref-zenflow without telemetry (OVERHEAD_CHECK_REPEATS rounds: the overhead check, not a cell)."""
     skips = skips or {}
     steps = (4, 4) if args.smoke else (args.warmup_steps, args.timed_steps)
-    runs = [(r, e, True) for r in range(args.repeats) for e in args.engines]
+    fractions = args.cores_ablation or [None]  # None: the block as DeepSpeedExamples sets it
+    runs = [(r, e, True, f) for r in range(args.repeats) for f in fractions for e in args.engines]
     if "ref-zenflow" in args.engines and not args.no_overhead_check:
-        runs += [(r, "ref-zenflow", False) for r in range(min(args.repeats, OVERHEAD_CHECK_REPEATS))]
+        runs += [(r, "ref-zenflow", False, None) for r in range(min(args.repeats, OVERHEAD_CHECK_REPEATS))]
     planned = []
-    for rep, engine, telemetry in runs:
-        cfg = deepspeed_config(engine, DEEPSPEED_EXAMPLES_BLOCK, args.dtype, args.micro_batch, lr=2e-5,
+    for rep, engine, telemetry, fraction in runs:
+        block = DEEPSPEED_EXAMPLES_BLOCK if fraction is None else {**DEEPSPEED_EXAMPLES_BLOCK,
+                                                                   "pt_reserved_cores_perc": float(fraction)}
+        cfg = deepspeed_config(engine, block, args.dtype, args.micro_batch, lr=2e-5,
                                weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available() and args.device != "cpu",
                                nvme_path=str(args.nvme_path) if args.nvme_path else None)
+        # the split this fraction makes of these cores, for the ablation's table (reports/cores.py)
+        split = {} if fraction is None else {"split": planned_split(engine, fraction)}
         spec = RunSpec(engine=engine, label="llama7b", workload={**workload(args), "seed": args.seed + rep},
-                       ds_config=cfg, telemetry=telemetry,
-                       num_gpus=args.nproc, extra={"repeat": rep}, warmup_steps=steps[0], timed_steps=steps[1])
+                       ds_config=cfg, telemetry=telemetry, num_gpus=args.nproc, extra={"repeat": rep, **split},
+                       warmup_steps=steps[0], timed_steps=steps[1])
         protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": -(-spec.timed_steps // spec.cycle) * spec.cycle,
                     "telemetry": telemetry, "repeat": rep}  # timed steps: whole update cycles, as the run rounds
-        planned.append(PlannedRun(f"{engine}{'' if telemetry else '-no-telemetry'}-r{rep}.json", spec, protocol,
-                                  skip=skips.get(engine)))
+        setting = "" if fraction is None else f"-cores{fraction:g}"
+        planned.append(PlannedRun(f"{engine}{setting}{'' if telemetry else '-no-telemetry'}-r{rep}.json", spec,
+                                  protocol, skip=skips.get(engine)))
     return planned
 
 

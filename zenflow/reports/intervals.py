@@ -18,6 +18,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from scipy.stats import t as student_t
 
@@ -74,6 +75,29 @@ def ratio_interval(numerators: dict[int, float], denominators: dict[int, float],
     if not shared or any(numerators[k] <= 0 or denominators[k] <= 0 for k in shared):
         return None
     return log_interval([numerators[k] / denominators[k] for k in shared], level)
+
+
+def target_speedup(base_times: dict[int, float], times: dict[int, float | None],
+                   level: float = LEVEL) -> Interval | None:
+    """A time-to-target speedup (the baseline's time over the engine's), paired by repeat as `ratio_interval`, over
+    the repeats both ran; None where the engine missed the target in any of them: a speedup over only the runs that
+    made it would hide the ones that did not."""
+    shared = set(base_times) & set(times)
+    if not shared or any(times[k] is None for k in shared):
+        return None
+    return ratio_interval({k: base_times[k] for k in shared}, {k: times[k] for k in shared}, level)  # type: ignore[misc]
+
+
+def columns(key: str, iv: Interval | None) -> dict[str, float | None]:
+    """An Interval as the flat columns a table.csv stores: key (the center), key_low, key_high."""
+    return {key: iv and iv.center, f"{key}_low": iv and iv.low, f"{key}_high": iv and iv.high}
+
+
+def row_interval(row: dict[str, Any], key: str, center: str | None = None) -> Interval | None:
+    """The Interval a row (or its csv line) stores flat (center or key, key_low, key_high; n from its runs)."""
+    if row.get(center or key) is None:
+        return None
+    return Interval(row[center or key], row.get(f"{key}_low"), row.get(f"{key}_high"), int(row.get("runs") or 1))
 
 
 def interval_cell(iv: Interval | None, spec: str = ".1f") -> str:

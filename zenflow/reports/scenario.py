@@ -15,7 +15,7 @@ from zenflow.harness.memory_plan import NEEDS
 from zenflow.harness.records import RunRecord, skip_reason
 from zenflow.harness.tables import MISSING, fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
 from zenflow.reports.convergence import convergence_report
-from zenflow.reports.intervals import Interval, interval_cell, log_interval, ratio_cell, ratio_interval
+from zenflow.reports.intervals import Interval, interval_cell, log_interval, ratio_cell, ratio_interval, row_interval
 from zenflow.telemetry.environment import hardware_label
 from zenflow.telemetry.machine_load import BUSY_BOUND
 from zenflow.telemetry.machine_load import busy as machine_busy
@@ -160,13 +160,6 @@ def seeds_line(records: Sequence[RunRecord]) -> str:
     if not seeds:
         return ""
     return "Seeds by repeat: " + ", ".join(f"{rep}: {seed}" for rep, seed in seeds) + "."
-
-
-def row_interval(row: dict[str, Any], key: str, center: str | None = None) -> Interval | None:
-    """The Interval a row (or its table.csv line) stores flat (center or key, key_low, key_high)."""
-    if row.get(center or key) is None:
-        return None
-    return Interval(row[center or key], row.get(f"{key}_low"), row.get(f"{key}_high"), row["runs"])
 
 
 def _interval(row: dict[str, Any], key: str) -> str:

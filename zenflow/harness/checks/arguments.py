@@ -68,6 +68,22 @@ def float_at_least(low: float, strict: bool = False) -> Callable[[str], float]:
     return check
 
 
+def float_between(low: float, high: float) -> Callable[[str], float]:
+    """A `type=` for a finite number in [low, high]."""
+    rule = f"a number in [{low:g}, {high:g}]"
+
+    def check(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not low <= number <= high:  # NaN fails both comparisons
+            raise argparse.ArgumentTypeError(f"{value!r} is not allowed: expected {rule}")
+        return number
+    check.__name__ = rule
+    return check
+
+
 def folder_problem(path: Path) -> str | None:
     """Why `path` cannot be an output folder (None when it can): it must be a writable folder, or creatable."""
     if path.exists():

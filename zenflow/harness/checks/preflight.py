@@ -23,6 +23,7 @@ REQUIRED = {"torch": ("torch>=2.6", "everything"), "transformers": ("transformer
             "tabulate": ("tabulate>=0.9", "tables"), "tqdm": ("tqdm>=4.66", "progress bars")}
 OPTIONAL = {
     "deepspeed": ("deepspeed==0.19.8", "the ds-* engines (their rows say 'not installed')"),
+    "psutil": ("psutil", "the split DeepSpeed makes of the cores (llama7b --cores-ablation; DeepSpeed needs it too)"),
     "pynvml": ("nvidia-ml-py", "NVML telemetry (records say why it is absent)"),
     "sentencepiece": ("sentencepiece", "the cpu-scale tokenizer (without it: UTF-8 bytes, and the record says so)"),
     "mistral_common": ("mistral-common", "the cpu-scale tokenizer's model file"),
