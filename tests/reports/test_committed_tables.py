@@ -13,6 +13,7 @@ from zenflow.costmodel.projection import projection
 from zenflow.costmodel.validate import validation, validation_dating
 from zenflow.harness.checks import gpu as gpu_check
 from zenflow.harness.records import read_records
+from zenflow.reports.cores import cores_report
 from zenflow.reports.costmodel import committed_runs, write_falsifiable, write_projection, write_validation
 from zenflow.reports.glue import parity_report
 from zenflow.reports.glue_study import SETTINGS, study_report
@@ -43,14 +44,20 @@ def _same_files(committed: Path, remade: Path, names: tuple[str, ...]) -> None:
 @pytest.mark.parametrize("folder", _sets("llama7b/**/table.md"), ids=lambda p: str(p.relative_to(RESULTS)))
 def test_llama_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     scenario_report(read_records(folder), tmp_path, NO_ENV)
-    _same_files(folder, tmp_path, ("table.md", "table.csv"))
+    _same_files(folder, tmp_path, ("table.md", "table.csv", "ratios.csv", "convergence.md", "convergence.csv"))
+
+
+@pytest.mark.parametrize("folder", _sets("llama7b/**/cores.md"), ids=lambda p: str(p.relative_to(RESULTS)))
+def test_cores_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cores_report(read_records(folder), tmp_path, NO_ENV)
+    _same_files(folder, tmp_path, ("cores.md", "cores.csv"))
 
 
 @pytest.mark.parametrize("folder", [p for p in _sets("glue/**/table.md") if p.name != "study"],
                          ids=lambda p: str(p.relative_to(RESULTS / "glue")))
 def test_glue_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     parity_report(read_records(folder), tmp_path, NO_ENV)
-    _same_files(folder, tmp_path, ("table.md", "table.csv", "parity.csv"))
+    _same_files(folder, tmp_path, ("table.md", "table.csv", "parity.csv", "curve.md", "curve.csv"))
 
 
 @pytest.mark.parametrize("folder", _sets("glue/*/study/table.md"), ids=lambda p: p.parent.name)

@@ -33,6 +33,7 @@ HEADERS = ("claim (paper)", "paper", "measured here", "projected (cost model, no
 XEON, EPYC = "cpu-scale-intel-xeon-2c", "cpu-scale-amd-epyc-2c"
 LLAMA_XEON, LLAMA_EPYC, COST = f"llama7b/{XEON}", f"llama7b/{EPYC}", f"costmodel/{EPYC}"
 CONVERGENCE = f"{LLAMA_XEON}/convergence"
+CORES = f"{LLAMA_XEON}/cores"
 GLUE_XEON, GLUE_EPYC = f"glue/{XEON}", f"glue/{EPYC}"
 REPAIRED, STUDY, SCALING = f"{GLUE_EPYC}/ds-weight-view-repaired", f"{GLUE_EPYC}/study", f"scaling/{EPYC}"
 GLUE_CURVE = f"{GLUE_XEON}/curve"
@@ -263,7 +264,18 @@ def peers_numbers(f: Files) -> dict[str, Any]:
                 f"ds_{key}": cell.get(("peer", engine, "ds-zenflow"), run[engine]["note"] or "not run")}
     out["ao8_loss"], out["bound_loss"] = run["torchao-adamw8bit"]["final_loss"], run["no-offload"]["final_loss"]
     out["not_run"] = ", ".join(e for e, row in run.items() if row["note"])  # why: the table's notes, docs/peers.md
-    return out
+    return out | cores_numbers(f)
+
+
+def cores_numbers(f: Files) -> dict[str, Any]:
+    """The ablation of the worker's share of the cores (llama7b --cores-ablation): each setting against 0.5."""
+    rows = f.csv(f"{CORES}/cores.csv")
+
+    def said(engine: str) -> str:
+        return "; ".join(f"{r['fraction']:g} ({r['split']}) {ratio_cell(row_interval(r, 'speedup'))}"
+                         for r in rows if r["engine"] == engine and r["fraction"] != 0.5)
+
+    return {"cores_runs": int(rows[0]["runs"]), "cores_zf": said("ref-zenflow"), "cores_ds": said("ds-zenflow")}
 
 
 def selection_numbers(f: Files) -> dict[str, Any]:
@@ -369,15 +381,18 @@ CLAIMS = (
           "({ds_zf_ms:.1f} vs {ds_ms:.1f}), **{ds_over_gas}** ds-zero-offload-gas ({ds_gas_ms:.1f}). Host optimizer "
           "/ compute: {regime:.2f} here, {regime_epyc:.2f} on the EPYC", "—", "same", LLAMA_RUN),
     Claim("ZenFlow against ZeRO-Infinity and the peers a user would pick instead ([docs/peers.md](../docs/peers.md))",
-          "the paper's second baseline is ZeRO-Infinity", (f"{LLAMA_XEON}/table.csv", f"{LLAMA_XEON}/ratios.csv"),
+          "the paper's second baseline is ZeRO-Infinity", (f"{LLAMA_XEON}/table.csv", f"{LLAMA_XEON}/ratios.csv",
+                                                           f"{CORES}/cores.csv"),
           peers_numbers,
           "ref-zenflow over ds-zero-infinity **{inf}** ({inf_ms:.1f} ms/step), ds-twin-flow **{twin}** "
           "({twin_ms:.1f}), the exact overlapped offload ref-offload-overlap **{overlap}** ({overlap_ms:.1f}), "
           "fsdp2-offload with its fused host AdamW **{fsdp}** ({fsdp_ms:.1f}), torchao's 8-bit AdamW without offload "
           "**{ao8}** ({ao8_ms:.1f}; "
           "final loss {ao8_loss:.3f} against no-offload's {bound_loss:.3f}); DeepSpeed's ZenFlow {ds_inf}, {ds_twin}, "
-          "{ds_overlap}, {ds_fsdp}, {ds_ao8}. Not run here (why: under the table): {not_run} (" + TABLE_XEON + ")",
-          "—", XEON, LLAMA_RUN),
+          "{ds_overlap}, {ds_fsdp}, {ds_ao8}. Not run here (why: under the table): {not_run} (" + TABLE_XEON + "). "
+          "The worker's share of the cores (`pt_reserved_cores_perc`, step time against the default 0.5, split: "
+          "compute + worker cores, {cores_runs} rounds): ref-zenflow {cores_zf}; ds-zenflow {cores_ds} ([cores]("
+          + CORES + "/cores.md))", "—", XEON, LLAMA_RUN + "; `ARGS=--cores-ablation`"),
     Claim("the speedup counted in loss reached per wall time (issue 24)", "— (the paper reports step time, and "
           "GLUE accuracy after a fixed number of steps)",
           (f"{CONVERGENCE}/convergence.csv", f"{CONVERGENCE}/ref-zenflow-r0.json", f"{LLAMA_XEON}/table.csv",
