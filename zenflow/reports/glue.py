@@ -21,6 +21,7 @@ from zenflow.harness.engines.registry import ENGINE_SPECS
 from zenflow.harness.glue.data import get_task, metric_name
 from zenflow.harness.records import RunRecord
 from zenflow.reports.glue_curve import curve_report
+from zenflow.reports.intervals import log_interval, ratio_cell
 from zenflow.reports.scenario import engine_rank, runs_hardware_label
 
 LABELS = {"deepspeed": "DeepSpeed", "ours": "ours"}
@@ -91,8 +92,8 @@ def speedups(records: list[RunRecord]) -> dict[str, dict[str, Any] | None]:
         pairs = [(runs[k], runs[(off, *k[1:])]) for k in runs if k[0] == zen and (off, *k[1:]) in runs]
         z, o = sum(train_ms(p[0]) for p in pairs), sum(train_ms(p[1]) for p in pairs)
         ratios = [train_ms(b) / train_ms(a) for a, b in pairs if train_ms(a) > 0]
-        out[family] = {"speedup": statistics.median(ratios), "pairs": len(pairs), "zenflow_s": z / 1e3,
-                       "offload_s": o / 1e3} if ratios else None
+        out[family] = {"speedup": log_interval(ratios).center, "interval": log_interval(ratios), "pairs": len(pairs),
+                       "zenflow_s": z / 1e3, "offload_s": o / 1e3} if ratios else None
     return out
 
 
@@ -121,7 +122,8 @@ def markdown(rows: list[dict[str, Any]], speed: dict[str, Any], records: list[Ru
     for family, s in speed.items():
         zen, off = FAMILIES[family]
         lines.append(f"- Speedup of ZenFlow over ZeRO-Offload, {family} ({zen} vs {off}): " + (
-            f"**{s['speedup']:.2f}×** (median over {s['pairs']} task × seed pairs of the timed training time ratio; "
+            f"**{ratio_cell(s['interval'])}** (geometric mean over {s['pairs']} task × seed pairs of the timed "
+            "training time ratio, 95% interval; "
             f"total timed training: ZeRO-Offload {s['offload_s']:.1f} s, ZenFlow {s['zenflow_s']:.1f} s)"
             if s else "not measured (no paired runs)"))
     return lines + verdict_lines(rows) + init_warning_lines(list(records))
