@@ -138,7 +138,7 @@ def convergence_report(records: list[RunRecord], rows_by_engine: dict[str, dict[
 
 def _figure(path: Path, title: str, facts: dict[str, Any]) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    fig, ax = plt.subplots(figsize=(9.5, 4.6))
     for i, (engine, curves) in enumerate(facts["curves"].items()):
         for j, points in enumerate(curves.values()):  # every round, one color per engine
             ax.plot([t for t, _ in points], [loss for _, loss in points], color=f"C{i % 10}", lw=1.0,
@@ -147,5 +147,5 @@ def _figure(path: Path, title: str, facts: dict[str, Any]) -> None:
     ax.axhline(facts["target"], color="black", lw=0.8, ls="--", label=f"target: {facts['baseline']}'s final{median}")
     ax.set(xlabel="training wall time, s", ylabel=f"loss (mean of the last {facts['window']} steps)",
            title=f"Loss against wall-clock time\n{title}")
-    ax.legend(fontsize=7, frameon=False, ncol=2)
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: no curve hidden
     save_figure(fig, path)
