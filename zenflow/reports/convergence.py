@@ -90,12 +90,13 @@ def convergence_rows(records: list[RunRecord], step_speedup: dict[str, Interval 
                   "equal_time_s": equal, "window": window, "curves": runs}
 
 
-def reached_cell(row: dict[str, Any]) -> str:
-    """Time to target: the median over the runs when every run reached it, else how many did."""
+def reached_cell(row: dict[str, Any], runs: str = "in {missed} of {compared} rounds") -> str:
+    """Time to target: the median over the runs when every run reached it, else how many missed it (`runs` names
+    them: rounds here, seeds for GLUE)."""
     if row["time_to_target_s"] is not None:
         return f"{row['time_to_target_s']:.1f}"
-    missed = row["compared"] - row["reached"]
-    return "not reached" + (f" (missed in {missed} of {row['compared']} rounds)" if row["reached"] else "")
+    said = runs.format(missed=row["compared"] - row["reached"], compared=row["compared"])
+    return "not reached" + (f" (missed {said})" if row["reached"] else "")
 
 
 def convergence_report(records: list[RunRecord], rows_by_engine: dict[str, dict[str, Any]], out: Path,

@@ -32,7 +32,7 @@ from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
 from zenflow.host import reserved_cores
 from zenflow.reports.intervals import columns, interval_cell, log_interval, ratio_cell, ratio_interval, row_interval
-from zenflow.reports.scenario import engine_rank, load_notes, runs_hardware_label
+from zenflow.reports.scenario import engine_rank, load_notes, runs_hardware_label, seeds_line
 
 DEFAULT = ZenFlowConfig().pt_reserved_cores_perc  # DeepSpeed's default too (ZenFlowConfig: Field(0.5))
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # --cores-ablation without values
@@ -114,14 +114,13 @@ def cores_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> st
     do not name theirs)."""
     rows = cores_rows(records)
     label = runs_hardware_label(records, env)
-    seeds = sorted({(int(r.protocol.get("repeat", 0)), r.workload.get("seed")) for r in records if r.status == "ok"})
     text = [f"# The host worker's share of the cores — {label}", "",
             "Step time (cycle mean over whole update cycles; median of the runs, 95% interval of their geometric "
             "mean) at each `pt_reserved_cores_perc`: the share of each rank's cores kept for PyTorch compute, the "
             "rest running the host worker (ours: a thread; DeepSpeed's: its optimizer process). The split column "
             "is what the runs made of this machine's cores (\"shared\": nothing pinned, both sides on every core). "
             "Speedup: the same engine's step time at 0.5 over this one, paired by repeat (\"no difference\" where "
-            "the interval includes 1). Seeds by repeat: " + ", ".join(f"{rep}: {seed}" for rep, seed in seeds) + ".",
+            "the interval includes 1). " + seeds_line(records),
             "", table(rows), ""]
     text += load_notes(records)
     write_text_atomic(out / "cores.md", "\n".join(text) + "\n")

@@ -92,8 +92,9 @@ def speedups(records: list[RunRecord]) -> dict[str, dict[str, Any] | None]:
         pairs = [(runs[k], runs[(off, *k[1:])]) for k in runs if k[0] == zen and (off, *k[1:]) in runs]
         z, o = sum(train_ms(p[0]) for p in pairs), sum(train_ms(p[1]) for p in pairs)
         ratios = [train_ms(b) / train_ms(a) for a, b in pairs if train_ms(a) > 0]
-        out[family] = {"speedup": log_interval(ratios).center, "interval": log_interval(ratios), "pairs": len(pairs),
-                       "zenflow_s": z / 1e3, "offload_s": o / 1e3} if ratios else None
+        iv = log_interval(ratios) if ratios else None
+        out[family] = {"speedup": iv.center, "interval": iv, "pairs": len(pairs), "zenflow_s": z / 1e3,
+                       "offload_s": o / 1e3} if iv else None
     return out
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
-from zenflow.reports.convergence import BASELINES  # the every-step ZeRO-Offload run the target comes from
+from zenflow.reports.convergence import BASELINES, reached_cell  # BASELINES: where the target comes from
 from zenflow.reports.intervals import columns, ratio_cell, ratio_interval, row_interval, target_speedup
 
 COLUMNS = ("task", "engine", "seeds", "points", "final score", "training s", "target", "time to target s",
@@ -89,19 +89,12 @@ def curve_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     body = [[r["task"], r["engine"], r["seeds"], r["points"], fmt(r["final_score"], ".1f"), fmt(r["train_s"], ".1f"),
-             fmt(r["target"], ".1f"), _reached(r),
+             fmt(r["target"], ".1f"), reached_cell(r, "with {missed} of {compared} seeds"),
              *(["1.00× (baseline)"] * 2 if r["engine"] == r["baseline"] else
                [ratio_cell(row_interval(r, "step_time_speedup")),
                 ratio_cell(row_interval(r, "time_to_accuracy_speedup"))])]
             for r in rows]
     return markdown(body, COLUMNS)
-
-
-def _reached(row: dict[str, Any]) -> str:
-    if row["time_to_target_s"] is not None:
-        return f"{row['time_to_target_s']:.1f}"
-    missed = row["compared"] - row["reached"]
-    return "not reached" + (f" (missed with {missed} of {row['compared']} seeds)" if row["reached"] else "")
 
 
 def figure(found: dict[tuple[str, str], list[dict[str, float]]], rows: list[dict[str, Any]], path: Path,

@@ -82,10 +82,9 @@ def target_speedup(base_times: dict[int, float], times: dict[int, float | None],
     """A time-to-target speedup (the baseline's time over the engine's), paired by repeat as `ratio_interval`, over
     the repeats both ran; None where the engine missed the target in any of them: a speedup over only the runs that
     made it would hide the ones that did not."""
-    shared = set(base_times) & set(times)
-    if not shared or any(times[k] is None for k in shared):
+    if any(times[k] is None for k in set(base_times) & set(times)):
         return None
-    return ratio_interval({k: base_times[k] for k in shared}, {k: times[k] for k in shared}, level)  # type: ignore[misc]
+    return ratio_interval(base_times, times, level)  # type: ignore[arg-type]
 
 
 def columns(key: str, iv: Interval | None) -> dict[str, float | None]:

@@ -15,7 +15,15 @@ from zenflow.harness.memory_plan import NEEDS
 from zenflow.harness.records import RunRecord, skip_reason
 from zenflow.harness.tables import MISSING, fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
 from zenflow.reports.convergence import convergence_report
-from zenflow.reports.intervals import Interval, interval_cell, log_interval, ratio_cell, ratio_interval, row_interval
+from zenflow.reports.intervals import (
+    Interval,
+    columns,
+    interval_cell,
+    log_interval,
+    ratio_cell,
+    ratio_interval,
+    row_interval,
+)
 from zenflow.telemetry.environment import hardware_label
 from zenflow.telemetry.machine_load import BUSY_BOUND
 from zenflow.telemetry.machine_load import busy as machine_busy
@@ -114,8 +122,7 @@ def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
     index = {row["engine"]: row for row in rows}
     pairs = cycles_by_repeat(records)
     for row in rows:
-        iv = speedup(pairs, BASELINE, row["engine"])
-        row["speedup"], row["speedup_low"], row["speedup_high"] = (iv.center, iv.low, iv.high) if iv else (None,) * 3
+        row |= columns("speedup", speedup(pairs, BASELINE, row["engine"]))
         spec = ENGINE_SPECS.get(row["engine"])
         ref = index.get(spec.stall_baseline) if spec and spec.stall_baseline else None
         row["stall_reduction"] = (1 - row["stall_ms"] / ref["stall_ms"]

@@ -52,36 +52,30 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return check
 
 
-def float_at_least(low: float, strict: bool = False) -> Callable[[str], float]:
-    """A `type=` for a finite number >= low (> low when strict)."""
-    rule = f"a finite number {'>' if strict else '>='} {low:g}"
+def _float_type(rule: str, allowed: Callable[[float], bool]) -> Callable[[str], float]:
+    """A `type=` for a number `allowed` accepts (text that is not a number is NaN to it), named by `rule`."""
 
     def check(value: str) -> float:
         try:
             number = float(value)
         except ValueError:
             number = math.nan
-        if not math.isfinite(number) or number < low or (strict and number == low):
+        if not allowed(number):
             raise argparse.ArgumentTypeError(f"{value!r} is not allowed: expected {rule}")
         return number
     check.__name__ = rule
     return check
+
+
+def float_at_least(low: float, strict: bool = False) -> Callable[[str], float]:
+    """A `type=` for a finite number >= low (> low when strict)."""
+    return _float_type(f"a finite number {'>' if strict else '>='} {low:g}",
+                       lambda x: math.isfinite(x) and x >= low and not (strict and x == low))
 
 
 def float_between(low: float, high: float) -> Callable[[str], float]:
-    """A `type=` for a finite number in [low, high]."""
-    rule = f"a number in [{low:g}, {high:g}]"
-
-    def check(value: str) -> float:
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not low <= number <= high:  # NaN fails both comparisons
-            raise argparse.ArgumentTypeError(f"{value!r} is not allowed: expected {rule}")
-        return number
-    check.__name__ = rule
-    return check
+    """A `type=` for a number in [low, high]."""
+    return _float_type(f"a number in [{low:g}, {high:g}]", lambda x: low <= x <= high)  # NaN fails both
 
 
 def folder_problem(path: Path) -> str | None:
