@@ -70,6 +70,13 @@ gpu-7b: install
 gpu-check: install
 	$(PY) reproduce/gpu_check.py $(ARGS)
 
+# Wheels for a GPU host with its own torch and transformers but no package index: .whl/ (ignored; carry it with the
+# tree) holds DeepSpeed built here, pydantic with pydantic-core for PYVER (default 3.12) and this Python, and the
+# small rest; it prints the host's install line (docs/install.md). Needs PyPI or pip's cache.
+.PHONY: gpu-wheels
+gpu-wheels: install
+	$(PY) reproduce/gpu_wheels.py $(if $(PYVER),--python-version $(PYVER)) $(ARGS)
+
 # Cost model: calibrate on this machine (≈5 min) and measure its host AdamW kernels, run a same-day validation
 # sample (25 runs, ≈5-7 min) and validate against it, project to A100 / H100 as a band, solve the inputs the published
 # step times imply, draw the sensitivity figure (results/costmodel/<hardware-id>/). ARGS=--no-sample validates against

@@ -1,12 +1,12 @@
-"""One command for a GPU host (≤ 10 minutes on one H100): environment, CUDA-vs-CPU differential, overlap memory vs
-its bound, NVML PCIe counters vs ours, every engine on a small Llama. Writes gpu-check.json and table.md after every
-check (atomically: a command killed midway leaves the checks it finished) and figure.png at the end, to
-results/gpu-check/<hardware-id>/ (docs/gpu-check.md). On a CPU machine it runs the CPU part and says, per check,
-what it could not check and why.
+"""The checks a GPU host must pass: environment, CUDA-vs-CPU differential, overlap memory vs its bound, NVML PCIe
+counters vs ours, every engine on a small Llama. Writes gpu-check.json and table.md after every check (atomically:
+a command killed midway leaves the checks it finished), each check's seconds in the record, and figure.png at the
+end, to results/gpu-check/<hardware-id>/ (docs/gpu-check.md). On a CPU machine it runs the CPU part and says, per
+check, what it could not check and why.
 
     python reproduce/gpu_check.py                     # what `make gpu-check` runs
     python reproduce/gpu_check.py --smoke             # a few steps, two engines (the test suite runs this)
-    python reproduce/gpu_check.py --llama7b-shapes    # a second command: every engine at 8 Llama-2-7B layers
+    python reproduce/gpu_check.py --checks environment,differential,memory,pcie   # what gpu_window.py runs
 
 Exit status: 0 all checks passed or could not run here, 1 a check failed, 2 NVML sees GPUs but torch cannot use CUDA.
 """
@@ -33,17 +33,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # Test hook (tests/harness/checks/test_gpu_check.py): SIGKILL this process right after the record holds this many
 # checks, as a command's time limit would.
 KILL_AFTER = "ZENFLOW_GPU_CHECK_KILL_AFTER"
-LLAMA7B_HELP = ("instead of the base checks, every core engine at Llama-2-7B's layer shapes (hidden 4096, "
-                "intermediate 11008, 32 heads, vocab 32000), 8 of its 32 layers, random weights, 2 + 4 steps; its own "
-                "command (estimated 4-6 min on one H100, up to 8 if DeepSpeed's CPU Adam must first be built), into "
-                "<out>/llama7b-shapes")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])  # one-line errors, exit 2 (checks/arguments.py)
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--smoke", action="store_true", help="8-step differential, two ref engines with 2+4 steps")
-    mode.add_argument("--llama7b-shapes", action="store_true", help=LLAMA7B_HELP)
+    ap.add_argument("--smoke", action="store_true", help="8-step differential, two ref engines with 2+4 steps")
+    ap.add_argument("--checks", type=cc.names_from(gc.CHECK_NAMES), default=list(gc.CHECK_NAMES),
+                    help="the checks to run, comma-separated (default: all of " + ",".join(gc.CHECK_NAMES) + "); the "
+                    "others say 'not checked: not asked'")
     ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/gpu-check/<hardware-id>")
     return ap.parse_args(argv)
 
@@ -69,15 +66,10 @@ def plan_checks(args: argparse.Namespace, cuda: bool, out: Path, record: dict[st
             record["engines"] = rows
             gc.save_record(record, out)
 
-        plan = gc.engine_plan(cuda, args.smoke, args.llama7b_shapes)
+        plan = gc.engine_plan(cuda, args.smoke)
         say(f"engines: {len(plan)} runs")
         return _rows(record, "engines", gc.guarded("engines", gc.run_engines, plan, out, cuda, on_row=saved))
 
-    if args.llama7b_shapes:
-        elsewhere = "--llama7b-shapes runs only the engines; this check is plain `make gpu-check`'s"
-        other = {name: (lambda name=name: gc.check(name, "not checked", elsewhere)) for name in gc.CHECK_NAMES[1:4]}
-        return [("environment", lambda: gc.environment_check(report, cuda))] + \
-            list(other.items()) + [("engines at Llama-2-7B shapes", engines)]
     # a GPU host's `make test` stays short; the PCIe windows keep their 4096-wide layers, so the link's background
     # traffic (launches, doorbells) stays far below the 1% tolerance
     small = {"widths": (1024,) * 3, "steps": 6} if args.smoke else {}
@@ -105,15 +97,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cuda = torch.cuda.is_available()
     out = args.out or ROOT / "results" / "gpu-check" / env["hardware_id"]
-    out = out / "llama7b-shapes" if args.llama7b_shapes and not args.out else out
     problem = cc.folder_problem(out)  # the default folder (an --out was checked while parsing)
     if problem:
         return cc.refuse(f"argument --out: {str(out)!r} {problem}")
-    mode = "llama7b-shapes" if args.llama7b_shapes else "smoke" if args.smoke else "full"
+    mode = "smoke" if args.smoke else "full"
     record = gc.new_record(mode, cuda, report, env)
     for i, (title, run) in enumerate(plan_checks(args, cuda, out, record)):
+        name = gc.CHECK_NAMES[i]
+        if name not in args.checks:  # said, never silently left out
+            record["checks"][i] = gc.check(name, "not checked", f"not asked (--checks {','.join(args.checks)})")
+            continue
         say(title)
+        began = time.perf_counter()
         record["checks"][i] = run()
+        record["checks"][i]["seconds"] = round(time.perf_counter() - began, 1)  # budgets (gpu_window.py) read it
         record["elapsed_s"] = round(time.perf_counter() - start, 1)
         gc.save_record(record, out)  # after every check: a kill after check k leaves checks 1..k on disk
         if os.environ.get(KILL_AFTER) == str(i + 1):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -117,6 +118,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out (<out>/.partial/): "
                     "keep the ok records of the same runs, rerun the rest")
     ap.add_argument("--no-overhead-check", action="store_true", help="skip the run without telemetry")
+    ap.add_argument("--deadline-s", type=cc.float_at_least(0, strict=True), default=None,
+                    help="start a run only when the memory plan's estimate of it, corrected by the runs done, ends "
+                    "within this many seconds of the start; the rest get 'skipped: out of time' records and rows "
+                    "(--resume runs them later; reproduce/gpu_window.py)")
     ap.add_argument("--convergence", action="store_true",
                     help=f"loss against wall time: {CONVERGENCE_STEPS} timed steps, the engines that differ in what a "
                     "step computes (default --engines: " + " ".join(CONVERGENCE_ENGINES) + "), into the convergence/ "
@@ -128,6 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 4+4 steps (for the test suite)")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
+    args.until = None if args.deadline_s is None else time.time() + args.deadline_s
     small = args.smoke or not gpu  # the smoke run is the tiny cpu-scale shape on every host
     if args.shape and args.model:
         ap.error("argument --shape: not allowed with --model (or $MODEL): expected one of them")
@@ -205,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     for engine, why in skips.items():
         if why:
             print(f"memory plan: {engine} is skipped: {why}", file=sys.stderr)
-    return execute(out, plan(args, skips), cc.command_line("reproduce/llama7b.py", argv), report,
-                   resume=args.resume)
+    steps = args.warmup_steps + args.timed_steps
+    estimates = {n.engine: n.run_s(steps) for n in needs}
+    return execute(out, plan(args, skips, estimates), cc.command_line("reproduce/llama7b.py", argv), report,
+                   resume=args.resume, deadline_s=None if args.until is None else args.until - time.time())
 
 
 def cores_ablation_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -261,10 +269,12 @@ def memory_needs(args: argparse.Namespace, base: int, cuda: bool) -> tuple[mp.Mo
                           args.seq_len, args.micro_batch, base)
 
 
-def plan(args: argparse.Namespace, skips: dict[str, str | None] | None = None) -> list[PlannedRun]:
+def plan(args: argparse.Namespace, skips: dict[str, str | None] | None = None,
+         estimates: dict[str, float] | None = None) -> list[PlannedRun]:
     """Every (repeat, engine) with telemetry, engines interleaved within a repeat, seed SEED + repeat; then
-    ref-zenflow without telemetry (OVERHEAD_CHECK_REPEATS rounds: the overhead check, not a cell)."""
-    skips = skips or {}
+    ref-zenflow without telemetry (OVERHEAD_CHECK_REPEATS rounds: the overhead check, not a cell). `estimates`:
+    the memory plan's seconds per engine's run (--deadline-s reads them)."""
+    skips, estimates = skips or {}, estimates or {}
     steps = (4, 4) if args.smoke else (args.warmup_steps, args.timed_steps)
     fractions = args.cores_ablation or [None]  # None: the block as DeepSpeedExamples sets it
     runs = [(r, e, True, f) for r in range(args.repeats) for f in fractions for e in args.engines]
@@ -286,7 +296,7 @@ def plan(args: argparse.Namespace, skips: dict[str, str | None] | None = None) -
                     "telemetry": telemetry, "repeat": rep}  # timed steps: whole update cycles, as the run rounds
         setting = "" if fraction is None else f"-cores{fraction:g}"
         planned.append(PlannedRun(f"{engine}{setting}{'' if telemetry else '-no-telemetry'}-r{rep}.json", spec,
-                                  protocol, skip=skips.get(engine)))
+                                  protocol, skip=skips.get(engine), estimate_s=estimates.get(engine)))
     return planned
 
 

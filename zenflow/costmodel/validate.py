@@ -29,7 +29,7 @@ from zenflow.costmodel.presets import cpu_scale_inputs
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import is_deepspeed
-from zenflow.harness.records import RunRecord, read_records
+from zenflow.harness.records import RunRecord, read_records, steps_seconds
 from zenflow.harness.result_sets import COMPLETE, MARKER
 from zenflow.harness.runner import run_in_subprocess
 from zenflow.harness.session import RunSpec
@@ -234,18 +234,14 @@ def sample_seconds(hw: str, root: Path = ROOT, repeats: int = SAMPLE_REPEATS,
     steps: dict[tuple[int, str], list[float]] = {}
     for seq, folder in record_sets(hw, root).items():
         for r in read_records(folder):
-            steps.setdefault((seq, r.engine), []).append(_steps_s(r))
+            steps.setdefault((seq, r.engine), []).append(steps_seconds(r))
     return sum(statistics.median(steps[(seq, engine)]) + _startup_s(hw, root)
                for _, seq, engine in plan(engines, repeats, seqs))
 
 
-def _steps_s(record: RunRecord) -> float:
-    return sum(s.get("period_ms") or 0.0 for s in record.steps) / 1e3
-
-
 def _startup_s(hw: str, root: Path) -> float:
     def startups(pattern: str) -> list[float]:
-        return [r.metrics["wall_seconds"] - _steps_s(r) for path in sorted(root.glob(pattern))
+        return [r.metrics["wall_seconds"] - steps_seconds(r) for path in sorted(root.glob(pattern))
                 for r in read_records(path) if r.status == "ok" and r.metrics.get("wall_seconds")]
     return statistics.median(startups(f"results/llama7b/{hw}") or startups("results/llama7b/*"))
 

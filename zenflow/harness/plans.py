@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from zenflow.harness.checks.arguments import refuse
-from zenflow.harness.records import RunRecord, read_records
+from zenflow.harness.deadline import Deadline
+from zenflow.harness.records import RunRecord, read_records, steps_seconds
 from zenflow.harness.result_sets import StagedPlan
 from zenflow.harness.runner import run_in_subprocess
 from zenflow.harness.session import RunSpec, failed_record
@@ -27,6 +28,7 @@ class PlannedRun:
     spec: RunSpec
     protocol: dict[str, Any] = field(default_factory=dict)  # what --resume must also find in a record to keep it
     skip: str | None = None  # why this run cannot run here (the memory plan's verdict): a skipped record, no child
+    estimate_s: float | None = None  # the memory plan's rough seconds for the whole run (a Deadline reads it)
 
 
 class BadInput(Exception):
@@ -43,14 +45,17 @@ def report_existing(out: Path, report: Report) -> str | None:
 
 
 def execute(out: Path, plan: list[PlannedRun], command: str, report: Report, resume: bool = False,
-            bad_input: tuple[str, ...] = ()) -> int:
+            bad_input: tuple[str, ...] = (), deadline_s: float | None = None) -> int:
     """Run the plan; exit status 0 (every run ok or skipped: the records now form `out`'s result set), 1 (failed
     runs: `out` as it was, records and report in `.partial/`), 2 (bad input found by a child) or 130 (interrupted;
-    --resume continues)."""
+    --resume continues). `deadline_s`: a run starts only when its estimate, corrected by the runs done, ends within
+    that many seconds from now; the others get a skipped "out of time" record (deadline.py)."""
     staged = StagedPlan(out, [run.name for run in plan], command=command)
+    deadline = None if deadline_s is None else Deadline.after(
+        deadline_s, {run.name: run.estimate_s for run in plan if run.estimate_s})
     previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the current child too, as Ctrl-C does
     try:
-        records = [_run_one(staged, run, i, len(plan), resume, bad_input) for i, run in enumerate(plan)]
+        records = [_run_one(staged, run, i, len(plan), resume, bad_input, deadline) for i, run in enumerate(plan)]
     except KeyboardInterrupt:
         staged.stop()
         print(f"interrupted: {out} is as it was; the records so far are in {staged.stage} (its PARTIAL file lists "
@@ -76,14 +81,15 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _run_one(staged: StagedPlan, run: PlannedRun, i: int, n: int, resume: bool,
-             bad_input: tuple[str, ...]) -> RunRecord:
+             bad_input: tuple[str, ...], deadline: Deadline | None = None) -> RunRecord:
     kept = staged.reuse(run.name, run.spec, run.protocol) if resume else None
     print(f"[{i + 1}/{n}] {run.name}{' (kept: --resume)' if kept else ''}", file=sys.stderr, flush=True)
     if kept:
         return kept
     start = time.perf_counter()
-    if run.skip:  # known not to fit: say so in seconds instead of a child dying minutes later
-        failed_record(run.spec, run.skip, status="skipped").write(staged.path(run.name))
+    skip = run.skip or (deadline.refusal(run.name) if deadline else None)
+    if skip:  # known not to fit, or not in the time left: say so in seconds instead of a child dying later
+        failed_record(run.spec, skip, status="skipped").write(staged.path(run.name))
         record = RunRecord.read(staged.path(run.name))
     else:
         record = run_in_subprocess(run.spec, staged.path(run.name))  # no DeepSpeed installed: a "skipped" record
@@ -93,6 +99,10 @@ def _run_one(staged: StagedPlan, run: PlannedRun, i: int, n: int, resume: bool,
         staged.abandon(run.name)  # bad input, not a failed run: no record
         raise BadInput(found.split(": ", 1)[1])
     record.metrics["wall_seconds"] = time.perf_counter() - start
+    if record.steps:  # what a run costs besides its steps (process start, imports, model build, set-up): budgets
+        record.metrics["fixed_seconds"] = record.metrics["wall_seconds"] - steps_seconds(record)
+    if deadline and not skip:
+        deadline.observe(run.name, record.metrics["wall_seconds"])
     record.write(staged.path(run.name))
     staged.done(run.name, record)
     print(f"  {_outcome(record)} ({record.metrics['wall_seconds']:.0f} s)", file=sys.stderr, flush=True)

@@ -76,6 +76,11 @@ def skip_reason(error: str | None) -> str:
     return (error or "").rsplit(" (in ", 1)[0]
 
 
+def steps_seconds(record: RunRecord) -> float:
+    """Seconds of the record's steps, warm-up included (its wall time less this is the run's fixed cost)."""
+    return sum(s.get("period_ms") or 0.0 for s in record.steps) / 1e3
+
+
 def read_records(folder: str | Path) -> list[RunRecord]:
     return [RunRecord.read(p) for p in sorted(Path(folder).glob("*.json")) if not p.name.startswith(".")]
 

@@ -250,7 +250,8 @@ def failed_record(spec: RunSpec, error: str, stderr_tail: str = "", status: str 
     return RunRecord(engine=spec.engine, label=spec.label, status=status, error=error + "\n" + stderr_tail,
                      config=spec.ds_config, workload=spec.workload,
                      protocol={"warmup_steps": spec.warmup_steps, "timed_steps": spec.timed_steps,
-                               "num_gpus": spec.num_gpus, "world_size": spec.num_gpus})
+                               "num_gpus": spec.num_gpus, "world_size": spec.num_gpus,
+                               "telemetry": spec.telemetry})
 
 
 def peak_rss_bytes() -> int:

@@ -10,6 +10,7 @@ from typing import Any
 
 from zenflow.costmodel import host_ceiling
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, PEER_ENGINES
+from zenflow.harness.deadline import OUT_OF_TIME
 from zenflow.harness.engines.registry import ASKED, ENGINE_SPECS, engine_names, zenflow_engines
 from zenflow.harness.memory_plan import NEEDS
 from zenflow.harness.records import RunRecord, skip_reason
@@ -137,6 +138,8 @@ def skipped_cell(error: str | None) -> str:
         return "not installed"
     if error.startswith(NEEDS):
         return "does not fit: " + error.split(",")[0]  # "needs ~X GiB host (...)": the rest is in the notes
+    if error.startswith(OUT_OF_TIME):  # the command's deadline came first (deadline.py): the time is in the notes
+        return "skipped: out of time"
     return "not run here"
 
 
@@ -342,7 +345,8 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord],
     failed = [f"{r.engine}" for r in records if r.status not in ("ok", "skipped")]
     if failed:
         notes.append(f"- FAILED runs (see their records): {', '.join(failed)}")
-    skipped = {r.engine: skip_reason(r.error).strip() for r in records if r.status == "skipped"}
+    skipped = {r.engine: skip_reason(r.error).strip() for r in records  # a cell's runs, not the overhead check's
+               if r.status == "skipped" and r.protocol.get("telemetry", True)}
     for engine in sorted(skipped, key=engine_rank):
         notes.append(f"- Not run: {engine}: {skipped[engine]}")
     return notes

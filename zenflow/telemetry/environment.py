@@ -40,8 +40,13 @@ def _proc_field(path: str, key: str) -> str | None:
     return None
 
 
+GIT_COMMIT_VAR = "ZENFLOW_GIT_COMMIT"  # the commit of a copied tree without .git (a GPU host's copy: gpu_window.py)
+
+
 def _git(repo: Path = _REPO) -> dict[str, Any]:
-    """HEAD commit and dirty flag of the project checkout; None when `repo` is not itself a git work tree."""
+    """HEAD commit and dirty flag of the project checkout; when `repo` is not itself a git work tree, the commit
+    $ZENFLOW_GIT_COMMIT names (the tree was copied without .git: dirty unknown), else None."""
+    told = os.environ.get(GIT_COMMIT_VAR) or None
 
     def git(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
@@ -50,10 +55,12 @@ def _git(repo: Path = _REPO) -> dict[str, Any]:
         top = git("rev-parse", "--show-toplevel")
         # An installed copy (site-packages inside some other repo's venv) must not report that repo's commit.
         if top.returncode != 0 or Path(top.stdout.strip()).resolve() != repo.resolve():
-            return {"commit": None, "dirty": None, "error": top.stderr.strip() or "not the project's own checkout"}
+            error = top.stderr.strip() or "not the project's own checkout"
+            error += f" (commit from ${GIT_COMMIT_VAR})" if told else ""
+            return {"commit": told, "dirty": None, "error": error}
         head, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError) as e:
-        return {"commit": None, "dirty": None, "error": str(e)}
+        return {"commit": told, "dirty": None, "error": str(e)}
     # Tracked changes only: untracked outputs (results/, caches) would otherwise mark every run dirty.
     dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
     return {"commit": head.stdout.strip() or None, "dirty": dirty, "error": head.stderr.strip() or None}

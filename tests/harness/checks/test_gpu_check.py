@@ -1,5 +1,5 @@
 """`make gpu-check` (issue 11 item 6) and NVML for the run's own GPU (audit item 13), provable without a GPU:
-the smoke of the command, a record that survives a kill after any check, its fail-fast, the 7B-shape plan, the
+the smoke of the command, a record that survives a kill after any check, its fail-fast, --checks, the
 rendering of a GPU record (NVML totals marked where a counter could have wrapped), and the mapping of torch's
 visible devices to NVML handles by PCI bus id with a fake pynvml of a 4-GPU host. The checks' own logic:
 tests/harness/checks/test_differential_check.py, tests/harness/checks/test_memory_check.py,
@@ -58,6 +58,7 @@ def test_smoke_runs_the_cpu_part_and_says_what_it_could_not_check(tmp_path):
     assert list(checks) == list(gc.CHECK_NAMES)
     assert record["schema"] == gc.SCHEMA and record["mode"] == "smoke" and record["complete"] is True
     assert checks["engines"]["status"] == "pass"
+    assert all(c["seconds"] >= 0 for c in record["checks"])  # each check's time, for budgets
     assert {r["engine"]: r["status"] for r in record["engines"]} == {"ref-offload": "ok", "ref-zenflow": "ok"}
     assert all(r["compute_ms"] is not None and r["stall_ms"] is not None for r in record["engines"])
     assert [r["case"] for r in record["differential"]] == [*gc.CASES, "ref-zenflow-stress"]
@@ -100,10 +101,9 @@ def test_a_kill_after_check_k_leaves_a_record_with_checks_1_to_k(tmp_path, k):
 
 
 def test_the_engines_check_saves_the_record_after_every_run(tmp_path, monkeypatch):
-    from zenflow.harness import runner
     from zenflow.harness.records import RunRecord
 
-    monkeypatch.setattr(runner, "run_in_subprocess", lambda spec, path, timeout_s: RunRecord(
+    monkeypatch.setattr(gc, "run_in_subprocess", lambda spec, path, timeout_s: RunRecord(
         engine=spec.engine, status="ok", summary={"cycle_mean_ms": 1.0}))
     seen = []
     plan = gc.engine_plan(False, True)
@@ -129,21 +129,36 @@ def test_cuda_unusable_only_when_nvml_sees_gpus_and_torch_cannot_use_them():
     assert gc.cuda_unusable({"nvml": {"available": False, "reason": "x"}, "torch": {"cuda_available": False}}) is None
 
 
-def test_the_7b_shapes_are_8_llama2_7b_layers_in_their_own_short_command():
-    """F3: 32 layers overran a 10-minute command; 8 layers of Llama-2-7B's shapes, 2 + 4 steps, GPU only."""
-    plan = gc.engine_plan(cuda=True, smoke=False, llama7b=True)
-    assert [e for e, _, _ in plan] == ["ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload",
-                                      "ref-zenflow-da"]
-    for _, workload, steps in plan:
-        assert {k: workload[k] for k in ("hidden", "layers", "intermediate", "heads")} == {
-            "hidden": 4096, "layers": 8, "intermediate": 11008, "heads": 32}
-        assert workload["model"] == "llama2-7b-shape" and steps == {"warmup_steps": 2, "timed_steps": 4}
-    assert gc.engine_plan(cuda=False, smoke=False, llama7b=True) == []
-    res, rows = gc.run_engines([], Path("unused"), False)
-    assert res["status"] == "not checked" and "GPU host" in res["reason"] and rows == []
-    assert "8 of its 32 layers" in cli.LLAMA7B_HELP and "4-6 min" in cli.LLAMA7B_HELP
-    with pytest.raises(SystemExit):
-        cli.parse_args(["--smoke", "--llama7b-shapes"])
+def test_checks_flag_runs_only_the_asked_checks_timed_and_says_the_rest_were_not_asked(tmp_path):
+    """gpu-audit-3 §5.2: gpu_window.py runs checks 1-4 through a real flag (not a SIGKILL after check 4), and the
+    record says how long each took (budgets are sized from it)."""
+    assert cli.parse_args(["--checks", "pcie,environment"]).checks == ["environment", "pcie"]  # record order
+    for bad in ("engine", "memory,memory", ""):
+        with pytest.raises(SystemExit):
+            cli.parse_args(["--checks", bad])
+    proc = _command(tmp_path, "--smoke", "--checks", "environment")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    record = json.loads((tmp_path / "gpu-check.json").read_text())
+    checks = {c["name"]: c for c in record["checks"]}
+    assert record["complete"] is True and checks["environment"]["seconds"] >= 0
+    for name in gc.CHECK_NAMES[1:]:
+        assert checks[name]["status"] == "not checked" and "not asked" in checks[name]["reason"], checks[name]
+        assert "seconds" not in checks[name]
+    assert re.search(r"\| check +\| status +\| seconds +\| reason", (tmp_path / "table.md").read_text())
+
+
+def test_the_engines_run_without_the_llama_tokenizer_packages(tmp_path, monkeypatch):
+    """gpu-audit-3 B6: without mistral-common (or sentencepiece) the runs train on UTF-8 bytes and say so in their
+    record; the engine rows must not all read "not installed"."""
+    from zenflow.harness.records import RunRecord
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("mistral_common", "sentencepiece") else real(name, *a))
+    monkeypatch.setattr(gc, "run_in_subprocess", lambda spec, path, timeout_s: RunRecord(
+        engine=spec.engine, status="ok", summary={"cycle_mean_ms": 1.0}))
+    res, rows = gc.run_engines(gc.engine_plan(False, True), tmp_path, False)
+    assert res["status"] == "pass" and [r["status"] for r in rows] == ["ok", "ok"]
 
 
 def test_a_check_that_raises_becomes_a_failed_check():

@@ -73,6 +73,18 @@ def float_at_least(low: float, strict: bool = False) -> Callable[[str], float]:
                        lambda x: math.isfinite(x) and x >= low and not (strict and x == low))
 
 
+def names_from(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """A `type=` for a comma-separated list of distinct names out of `allowed` (kept in `allowed`'s order)."""
+    def check(value: str) -> list[str]:
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        if not names or any(n not in allowed for n in names) or len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(f"{value!r} is not allowed: expected distinct comma-separated names "
+                                             f"out of {','.join(allowed)}")
+        return [n for n in allowed if n in names]
+    check.__name__ = "names"
+    return check
+
+
 def float_between(low: float, high: float) -> Callable[[str], float]:
     """A `type=` for a number in [low, high]."""
     return _float_type(f"a number in [{low:g}, {high:g}]", lambda x: low <= x <= high)  # NaN fails both
@@ -112,6 +124,15 @@ def existing_folder(what: str) -> Callable[[str], Path]:
         return path
     check.__name__ = what
     return check
+
+
+def existing_file(value: str) -> Path:
+    """A `type=` for a file that must exist and be readable (e.g. an archive to publish)."""
+    path = Path(value).expanduser()
+    if not path.is_file() or not os.access(path, os.R_OK):
+        found = "is not a file" if path.exists() else "not found"
+        raise argparse.ArgumentTypeError(f"{value!r} {found}: expected an existing, readable file")
+    return path
 
 
 def _is_path_like(value: str) -> bool:

@@ -34,7 +34,7 @@ from zenflow.harness.checks.differential import (  # noqa: F401  (re-exported: t
 )
 from zenflow.harness.checks.memory import memory_check, memory_verdict, unselected_bound_bytes  # noqa: F401
 from zenflow.harness.checks.verdict import check, guarded, pending, verdict  # noqa: F401  (verdict, guarded: re-exported)
-from zenflow.harness.configs import BEYOND_ENGINES, CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK, SHAPES
+from zenflow.harness.configs import BEYOND_ENGINES, CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import is_deepspeed
 from zenflow.harness.records import RunRecord
@@ -47,12 +47,6 @@ SCHEMA = "gpu-check/2"
 CHECK_NAMES = ("environment", "differential", "memory", "pcie", "engines")
 # The engines' zenflow block is reproduce/llama7b.py's (DeepSpeedExamples' Llama-2 settings).
 ENGINE_BLOCK = DEEPSPEED_EXAMPLES_BLOCK
-# --llama7b-shapes: Llama-2-7B's layer shapes (reproduce/llama7b.py --shape llama2-7b's model), 8 of its 32 layers
-# (1.88B parameters; every engine fits one H100 and 126 GiB of host: the memory plan), one update cycle timed (U = 4).
-LLAMA7B_SHAPE = {"model": "llama2-7b-shape", **{k: v for k, v in SHAPES["llama2-7b"].items() if k != "layers"},
-                 "layers": 8}
-LLAMA7B_STEPS = {"warmup_steps": 2, "timed_steps": 4}
-
 
 # ---- environment ------------------------------------------------------------------------------------------------
 def environment_report(env: dict[str, Any]) -> dict[str, Any]:
@@ -92,16 +86,13 @@ def environment_check(report: dict[str, Any], cuda: bool) -> dict[str, Any]:
 
 
 # ---- every engine on a small Llama -------------------------------------------------------------------------------
-def engine_plan(cuda: bool, smoke: bool, llama7b: bool = False) -> list[tuple[str, dict[str, Any], dict[str, int]]]:
-    """(engine, workload, steps) per run: a small Llama (the cpu-scale shape, bf16, seq 512) on a GPU; with
-    `llama7b` instead 8 layers of Llama-2-7B's shapes (random weights; GPU only: nothing on the CPU); the tiny shape
-    with a few steps on the CPU and in --smoke."""
+def engine_plan(cuda: bool, smoke: bool) -> list[tuple[str, dict[str, Any], dict[str, int]]]:
+    """(engine, workload, steps) per run: a small Llama (the cpu-scale shape, bf16, seq 512) on a GPU; the tiny
+    shape with a few steps on the CPU and in --smoke. (Llama-2-7B's layer shapes: reproduce/gpu_window.py.)"""
     tiny = {"model": "cpu-scale", "dtype": "fp32", "seq_len": 16, "hidden": 64, "layers": 2, "intermediate": 128,
             "heads": 4, "data": "synthetic"}
     small = {"model": "cpu-scale", "dtype": "bf16", "seq_len": 512, "micro_batch": 1, "data": "synthetic"}
     engines = CORE_ENGINES + BEYOND_ENGINES  # the paper's comparison and ours beyond it (ref-zenflow-da)
-    if llama7b:
-        return [(e, {**small, **LLAMA7B_SHAPE}, dict(LLAMA7B_STEPS)) for e in engines] if cuda else []
     if smoke:
         return [(e, tiny, {"warmup_steps": 2, "timed_steps": 4}) for e in ("ref-offload", "ref-zenflow")]
     if not cuda:
@@ -115,10 +106,11 @@ def run_engines(plan: list, out: Path, cuda: bool, timeout_s: float = 300,
     `timeout_s` per run: a hung run becomes a failed record, not a hung check. `on_row(rows)` after every run (the
     command saves its record there, so a kill mid-check keeps the finished runs)."""
     if not plan:
-        return check("engines", "not checked", "no CUDA: the Llama-2-7B shapes run only on a GPU host"), []
+        return check("engines", "not checked", "no runs planned"), []
     have_ds = importlib.util.find_spec("deepspeed") is not None
-    # The cpu-scale Llama's tokenizer (zenflow/harness/workloads.py): without these every run would fail alike.
-    lacking = [m for m in ("transformers", "sentencepiece", "mistral_common") if importlib.util.find_spec(m) is None]
+    # The model (zenflow/harness/workloads.py): without it every run would fail alike. Not the tokenizer's
+    # sentencepiece and mistral-common: without them the runs train on UTF-8 bytes and their records say so.
+    lacking = [m for m in ("transformers",) if importlib.util.find_spec(m) is None]
     rows: list[dict] = []
     for engine, workload, steps in plan:
         shape = f"h{workload.get('hidden', 512)}x{workload.get('layers', 8)}"
@@ -276,8 +268,9 @@ def markdown(record: dict[str, Any]) -> str:
         done = sum(x["status"] != "not run" for x in record["checks"])
         out += ["", f"**Incomplete record**: {done} of {len(record['checks'])} checks finished (the command stopped, "
                 "or is still running); the others say \"not run\"."]
-    out += ["", _tab([[x["name"], x["status"], x["reason"] or ""] for x in record["checks"]],
-                     ["check", "status", "reason"])]
+    timed = any("seconds" in x for x in record["checks"])  # gpu-check/2 records from before 2026-11-27 have none
+    out += ["", _tab([[x["name"], x["status"], *([_fmt(x.get("seconds"))] if timed else []), x["reason"] or ""]
+                      for x in record["checks"]], ["check", "status", *(["seconds"] if timed else []), "reason"])]
     if record["differential"]:
         out += ["", "## Differential", "", _differential_table(record["differential"])]
     if "extra_bytes" in c.get("memory", {}):

@@ -1,0 +1,297 @@
+"""GPU evidence in one command: facts, the four gpu-check checks, the host's ceiling and the Llama-2-7B-layer
+scenario under one deadline, packed after every phase into <out>/gpu-evidence.tar.gz (docs/gpu-window.md).
+
+A borrowed GPU host gives one command of at most 10 minutes, no network, no make, no venv, and back only a folder
+of at most 8 files. This command runs there with the host's own python, installs the wheels `make gpu-wheels` put
+in .whl/ into a temporary site when DeepSpeed is not importable, and spends its budget in order of value:
+
+    1 facts      nvidia-smi -q, pip list, cores, memory, /dev/shm, the commit (git, or $ZENFLOW_GIT_COMMIT)
+    2 op build   DeepSpeed's CPU Adam op, in the background on two cores, timed (ds engines dropped if it fails)
+    3 checks     gpu-check's environment, differential, memory and pcie checks, seconds per check
+    4 ceiling    the host's AdamW and accumulation rates (costmodel/host_ceiling.py)
+    5 scenario   Llama-2-7B layer shapes, ENGINES in order, each started only when its estimate fits the time left
+
+    ZENFLOW_GIT_COMMIT=<sha> python3 reproduce/gpu_window.py --out $OUT            # on the GPU host (590 s command)
+    python reproduce/gpu_window.py --publish gpu-evidence.tar.gz                   # here: into results/, claims
+    python reproduce/gpu_window.py --rehearsal --out build/rehearsal --budget-s 90 # the CPU dress rehearsal
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a bare script with the host's python
+
+from zenflow.harness.checks import arguments as cc  # noqa: E402
+from zenflow.harness.checks.preflight import torch_extensions_dir  # noqa: E402
+from zenflow.harness.window import Window, WindowClosed  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEELS = ROOT / ".whl"
+# A 590 s command: the phases end by 540 s; a child still running then gets SIGTERM and 20 s to write its records,
+# and the last pack takes seconds.
+BUDGET_S = 540
+# 4 layers by default: the core five engines take an estimated 3.2-5.6 min at 4 layers on one H100, beside ~2 min of
+# checks, op build and ceiling (gpu-audit-3 §3); 8 layers cost ~1.5x per run and would leave the core five cut.
+LAYERS = 4
+ENGINES = ["ref-zenflow", "ref-offload", "ds-zero-offload", "ds-zenflow", "no-offload",  # the paper's comparison
+           "ref-offload-gas", "ds-zero-offload-gas", "ref-zenflow-da", "ref-offload-overlap", "no-offload-fp32"]
+CHECKS = "environment,differential,memory,pcie"  # gpu-check's engines on a small Llama: an H100 record exists
+PROBE = "import deepspeed, hjson, pydantic, mistral_common"  # the real imports, not find_spec (gpu-audit-3 B3)
+OP_BUILD = ("from deepspeed.accelerator import get_accelerator; "
+            "get_accelerator().create_op_builder('CPUAdamBuilder').load(); print('CPU Adam op ready', flush=True)")
+SCENARIO_RESERVE_S = 15  # the scenario's table and figure after its last run, within the deadline
+CHECKS_MAX_S = 240  # the checks take 50-100 s on an H100 (estimated): a hung one must not eat the scenario
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=cc.out_folder, help="the folder that comes back: gpu-evidence.tar.gz and run.log")
+    ap.add_argument("--budget-s", type=cc.int_at_least(30), default=BUDGET_S,
+                    help=f"seconds every phase must end within (default {BUDGET_S}, for a 590 s command)")
+    ap.add_argument("--layers", type=cc.int_at_least(1), default=LAYERS,
+                    help=f"Llama-2-7B layers (default {LAYERS}: the core five fit beside the checks on one H100)")
+    ap.add_argument("--resume", action="store_true",
+                    help="a second command on the same warm machine: keep the finished runs, run what was cut")
+    ap.add_argument("--rehearsal", action="store_true",
+                    help="the CPU dress rehearsal: the same phases at a tiny shape (make test runs it)")
+    ap.add_argument("--publish", type=cc.existing_file, metavar="TARBALL",
+                    help="here, after the window: check the archive, put its sets into results/ and remake the claims")
+    ap.add_argument("--into", type=cc.out_folder, default=None,
+                    help="with --publish: this folder instead of results/ (a cpu-scale set is refused only there)")
+    ap.add_argument("--work", type=cc.out_folder, default=ROOT / "build" / "gpu-window",
+                    help="where the phases write before packing (default build/gpu-window; --resume reuses it)")
+    args = ap.parse_args(argv)
+    if args.publish is None and args.out is None:
+        ap.error("argument --out: required (expected the folder that comes back), or --publish TARBALL")
+    if args.into and not args.publish:
+        ap.error("argument --into: only with --publish")
+    return args
+
+
+# ---- the phases ---------------------------------------------------------------------------------------------------
+def child_env(site: Path | None) -> dict[str, str]:
+    """The children's environment: this checkout (and the wheels' site) first on the path, output unbuffered, no
+    hub, DeepSpeed's op cache in the checkout."""
+    path = [str(site)] if site else []
+    path += [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+            "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir())}
+
+
+def probe(env: dict[str, str]) -> str | None:
+    """None when DeepSpeed and the tokenizer's packages import in a child with `env`; else the error's last line."""
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
+
+
+def install_wheels(w: Window) -> Path | None:
+    """The .whl/ set in a temporary site when the probe fails (and a set is here); the site, or None."""
+    began, missing = time.monotonic(), probe(child_env(None))
+    if missing is None:
+        w.record("wheels", time.monotonic() - began, "ok", installed=False, note="DeepSpeed imports as installed")
+        return None
+    if not (WHEELS / "requirements.txt").is_file():
+        w.record("wheels", time.monotonic() - began, "failed", installed=False,
+                 note=f"{missing}; no {WHEELS.name}/ set here (make gpu-wheels): ds engines dropped")
+        return None
+    site = Path(tempfile.mkdtemp(prefix="zenflow-site-"))
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--find-links",
+           str(WHEELS), "--target", str(site), "-r", str(WHEELS / "requirements.txt")]
+    code = w.run(cmd, timeout_s=max(w.left(), 1))
+    still = probe(child_env(site)) if code == 0 else f"pip exit {code}"
+    w.record("wheels", time.monotonic() - began, "ok" if still is None else "failed", installed=code == 0,
+             before=missing, after=still or "imports")
+    return site
+
+
+def facts(w: Window, env: dict[str, str]) -> str:
+    """facts/: nvidia-smi -q, pip list, environment.json, facts.json; the hardware id."""
+    began, folder = time.monotonic(), w.work / "facts"
+    folder.mkdir(exist_ok=True)
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        (folder / "nvidia-smi.txt").write_text(_output([smi, "-q"]))
+    (folder / "pip-list.txt").write_text(_output([sys.executable, "-m", "pip", "list"], env))
+    capture = ("import json, sys; from zenflow.telemetry.environment import capture_environment; "  # DeepSpeed
+               "env = capture_environment(); f = open(sys.argv[1], 'w'); json.dump(env, f, indent=1, default=str)")
+    (folder / "environment.log").write_text(  # logs to stdout: the record goes to its own file
+        _output([sys.executable, "-c", capture, str(folder / "environment.json")], env))
+    try:
+        hardware = json.loads((folder / "environment.json").read_text())["hardware_id"]
+    except (ValueError, KeyError):
+        hardware = None
+    shm, tmp = (shutil.disk_usage(p) if os.path.isdir(p) else None for p in ("/dev/shm", tempfile.gettempdir()))
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+    found = {"hardware_id": hardware, "commit": w.info["commit"], "python": platform.python_version(),
+             "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
+             "mem_total": meminfo.get("MemTotal", "").strip(), "mem_available": meminfo.get("MemAvailable", "").strip(),
+             "shm_gib": shm and round(shm.total / 2**30, 1), "shm_free_gib": shm and round(shm.free / 2**30, 1),
+             "tmp_free_gib": tmp and round(tmp.free / 2**30, 1), "make": shutil.which("make"), "nvidia_smi": smi,
+             "budget_s": round(w.end - w.began), "argv": sys.argv[1:]}
+    (folder / "facts.json").write_text(json.dumps(found, indent=1) + "\n")
+    w.info["hardware_id"] = hardware
+    w.record("facts", time.monotonic() - began, "ok" if hardware else "failed", hardware_id=hardware)
+    return hardware
+
+
+def _output(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{cmd[0]}: {exc}\n"
+    return done.stdout + (f"\n(exit {done.returncode}) {done.stderr[-2000:]}" if done.returncode else "")
+
+
+def two_cores() -> None:
+    """The op build's cores: the last two this process may use, so the checks keep the rest."""
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cores[-2:])
+
+
+def checks_cmd(args: argparse.Namespace, w: Window) -> list[str]:
+    return [sys.executable, str(ROOT / "reproduce" / "gpu_check.py"), "--checks", CHECKS,
+            "--out", str(w.work / "gpu-check"), *(["--smoke"] if args.rehearsal else [])]
+
+
+def ceiling_cmd(args: argparse.Namespace, scenario: Path) -> list[str]:
+    return [sys.executable, "-m", "zenflow.costmodel.host_ceiling", "--out", str(scenario),
+            *(["--numel", str(2**20)] if args.rehearsal else [])]
+
+
+def scenario_cmd(args: argparse.Namespace, scenario: Path, engines: list[str], deadline_s: float) -> list[str]:
+    shape = ["--smoke", "--device", "cpu", "--repeats", "1"] if args.rehearsal else [
+        "--shape", "llama2-7b", "--layers", str(args.layers)]
+    return [sys.executable, str(ROOT / "reproduce" / "llama7b.py"), *shape, "--engines", *engines,
+            "--out", str(scenario), "--deadline-s", f"{max(deadline_s, 0.1):.0f}",
+            *(["--resume"] if args.resume else [])]
+
+
+def scenario_name(args: argparse.Namespace) -> str:
+    return "smoke" if args.rehearsal else f"llama2-7b-{args.layers}L"
+
+
+def window(args: argparse.Namespace) -> int:
+    """The five phases under one deadline; 0 when every phase ran (runs cut for time are not a failure)."""
+    work = args.work
+    if not args.resume and work.exists():
+        shutil.rmtree(work)  # a fresh window: nothing of an earlier one in the archive
+    commit = _git_commit()
+    scenario = work / scenario_name(args)
+    w = Window(work, args.out, args.budget_s, {"commit": commit, "scenario": scenario.name,
+                                               "rehearsal": args.rehearsal, "layers": args.layers})
+    status = "ok"
+    try:
+        site = install_wheels(w)
+        env = {**child_env(site), **({"ZENFLOW_GIT_COMMIT": commit} if commit else {})}
+        facts(w, env)
+        engines = list(ENGINES)
+        ds_ok = probe(env) is None
+        build = w.start([sys.executable, "-c", OP_BUILD], w.work / "op-build.log", {**env, "MAX_JOBS": "2"},
+                        two_cores) if ds_ok else None
+        build_began = time.monotonic()
+        if not (args.resume and _complete(w.work / "gpu-check" / "gpu-check.json")):
+            began = time.monotonic()
+            code = w.run(checks_cmd(args, w), min(CHECKS_MAX_S, w.left()), env)
+            w.record("checks", time.monotonic() - began, "ok" if code in (0, 1) else "failed", exit=code,
+                     note="exit 1: a check failed (see gpu-check/table.md)" if code == 1 else None)
+        ds_ok = ds_ok and wait_for_build(w, build, build_began)
+        if not ds_ok:
+            w.say("DeepSpeed unusable here (see phases.json): ds engines dropped: "
+                  + " ".join(e for e in engines if e.startswith("ds-")))
+            engines = [e for e in engines if not e.startswith("ds-")]
+        if not (args.resume and (scenario / "host" / "rates.json").is_file()):
+            began = time.monotonic()
+            code = w.run(ceiling_cmd(args, scenario), min(60, w.left()), env)
+            w.record("ceiling", time.monotonic() - began, "ok" if code == 0 else "failed", exit=code)
+        began = time.monotonic()
+        code = w.run(scenario_cmd(args, scenario, engines, w.left() - SCENARIO_RESERVE_S), w.left(), env,
+                     watch=scenario)
+        w.record("scenario", time.monotonic() - began, "ok" if code == 0 else "failed", exit=code,
+                 engines=engines)
+    except WindowClosed as exc:
+        status = f"stopped ({exc})"
+        return_code = 143
+    except Exception:  # a bug of ours must not cost the evidence already gathered: say it, pack, exit 1
+        w.say("window failed:\n" + traceback.format_exc())
+        status, return_code = "failed (traceback in run.log)", 1
+    else:
+        return_code = 0 if all(p["status"] == "ok" for p in w.phases if p["phase"] != "wheels") else 1
+    w.close(status)
+    print(f"evidence: {args.out / 'gpu-evidence.tar.gz'} (+ run.log); publish it here with: python "
+          f"reproduce/gpu_window.py --publish gpu-evidence.tar.gz", flush=True)
+    return return_code
+
+
+def wait_for_build(w: Window, build: subprocess.Popen | None, began: float) -> bool:
+    """Wait for the op build (it usually ended during the checks), at most until the deadline; its time (from its
+    start, so it overlaps the checks' in phases.json) and outcome. True when DeepSpeed's CPU Adam is built."""
+    if build is None:
+        return False
+    try:
+        build.wait(timeout=max(w.left(), 0))
+        seconds = _ended(w.work / "op-build.log", began)
+    except subprocess.TimeoutExpired:
+        build.kill()
+        build.wait()
+        seconds = time.monotonic() - began
+    ok = build.returncode == 0
+    w.record("op-build", seconds, "ok" if ok else "failed", exit=build.returncode, log="op-build.log",
+             note="in the background, beside the checks")
+    return ok
+
+
+def _ended(log: Path, began: float) -> float:
+    """Seconds from `began` (monotonic) to the last write of the build's log: when the build ended, even if the
+    window only looked after the checks."""
+    return log.stat().st_mtime - (time.time() - (time.monotonic() - began))
+
+
+def _complete(record: Path) -> bool:
+    try:
+        return json.loads(record.read_text()).get("complete") is True
+    except (OSError, ValueError):
+        return False
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit, or $ZENFLOW_GIT_COMMIT where .git did not travel."""
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if done.returncode == 0 and (ROOT / ".git").exists():
+            return done.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("ZENFLOW_GIT_COMMIT") or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+    except SystemExit as exc:
+        return exc.code
+    if args.publish:
+        from zenflow.reports.publish import PublishError, publish_window
+
+        try:
+            for line in publish_window(args.publish, args.into):
+                print(line)
+        except PublishError as exc:
+            return cc.refuse(str(exc))
+        return 0
+    return window(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

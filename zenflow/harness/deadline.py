@@ -1,0 +1,59 @@
+"""A deadline for a plan of runs (plans.execute): a run starts only when its estimated time fits the time left.
+
+GPU time often comes as one command of a few minutes (reproduce/gpu_window.py). A run killed by the command's limit
+is lost whole and leaves nothing that says why; a run not started leaves a `skipped` record saying "out of time",
+and the table a row that says so, and `--resume` with more time runs it later (a skipped record is not kept).
+
+The estimate of each run is the memory plan's rough one (memory_plan.Need.run_s), corrected by the runs already done
+in this plan: every estimate is scaled by (measured seconds) / (estimated seconds) of the runs so far, so a host
+slower or faster than the plan's stated rates cuts the list where the real times say, not where the rates do.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+OUT_OF_TIME = "out of time"  # how every deadline skip starts: reports/scenario.py tells such a row by it
+
+
+@dataclass
+class Deadline:
+    """`until`: the wall-clock time (time.time()) by which every started run must have ended; `estimates`: seconds
+    per run name (a name without one is estimated at the mean of the runs done, 0 before any)."""
+
+    until: float
+    estimates: dict[str, float] = field(default_factory=dict)
+    done: list[tuple[float | None, float]] = field(default_factory=list)  # (estimated, measured) per run done
+
+    @classmethod
+    def after(cls, seconds: float, estimates: dict[str, float] | None = None) -> Deadline:
+        return cls(time.time() + seconds, dict(estimates or {}))
+
+    def correction(self) -> float:
+        """Measured over estimated seconds of the runs done that had an estimate (1 before any)."""
+        pairs = [(e, m) for e, m in self.done if e]
+        return sum(m for _, m in pairs) / sum(e for e, _ in pairs) if pairs else 1.0
+
+    def expected(self, name: str) -> float:
+        """The seconds run `name` is expected to take, the plan's estimate corrected by the runs done."""
+        if name in self.estimates:
+            return self.estimates[name] * self.correction()
+        measured = [m for _, m in self.done]
+        return sum(measured) / len(measured) if measured else 0.0
+
+    def left(self) -> float:
+        return self.until - time.time()
+
+    def refusal(self, name: str) -> str | None:
+        """Why run `name` must not start now (a skipped record's error), or None when it fits the time left."""
+        need, left = self.expected(name), self.left()
+        if need <= left:
+            return None
+        how = (f"the plan's {self.estimates[name]:.0f} s x {self.correction():.2f} from the runs done"
+               if name in self.estimates else "the mean of the runs done")
+        return f"{OUT_OF_TIME}: needs ~{need:.0f} s ({how}), {max(left, 0):.0f} s left before the deadline"
+
+    def observe(self, name: str, seconds: float) -> None:
+        """A run that ran (not one skipped) took `seconds` in all: it corrects the estimates of the rest."""
+        self.done.append((self.estimates.get(name), seconds))
