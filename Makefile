@@ -55,17 +55,17 @@ bench-compare: install
 reproduce-llama7b: install
 	$(PY) reproduce/llama7b.py $(if $(MODEL),--model $(MODEL)) $(if $(NPROC),--nproc $(NPROC)) $(ARGS)
 
-# The 7B-class scenario on one GPU host, in commands of at most 9.5 min each (docs/llama7b-gpu.md): Llama-2-7B layer
-# shapes, random weights, the most layers the memory plan admits; every engine, controls and peers. STEP=k runs the
-# k-th command only (ARGS=--list prints them); a killed step continues when run again. With the host's own torch:
-# make gpu-7b VENV=
-.PHONY: gpu-7b
-gpu-7b: install
-	$(PY) reproduce/gpu_7b.py $(if $(STEP),--step $(STEP)) $(ARGS)
+# GPU evidence in one command (docs/gpu-window.md): facts, gpu-check's four checks, the host ceiling and the
+# Llama-2-7B-layer scenario under one deadline (BUDGET seconds, default 540 for a 590 s command), packed after every
+# phase into $(OUT)/gpu-evidence.tar.gz. On a GPU host: make gpu-window VENV= OUT=DIR (or the bare python3 line of
+# the docs, where there is no make). Here: make gpu-window ARGS=--publish=gpu-evidence.tar.gz files it in results/.
+.PHONY: gpu-window
+gpu-window: install
+	$(PY) reproduce/gpu_window.py $(if $(OUT),--out $(OUT)) $(if $(BUDGET),--budget-s $(BUDGET)) $(ARGS)
 
-# First command on a GPU host (≤ 10 min on one H100; with the host's own torch: make gpu-check VENV=): environment,
+# The GPU checks alone (≈3-6.5 min on one H100; with the host's own torch: make gpu-check VENV=): environment,
 # CUDA-vs-CPU differential, overlap memory vs its bound, NVML PCIe bytes vs ours, every engine on a small Llama ->
-# results/gpu-check/<hardware-id>/. Here: the CPU part, and what it could not check. ARGS=--llama7b-shapes, --smoke.
+# results/gpu-check/<hardware-id>/. Here: the CPU part, and what it could not check. ARGS=--smoke, --checks a,b.
 .PHONY: gpu-check
 gpu-check: install
 	$(PY) reproduce/gpu_check.py $(ARGS)

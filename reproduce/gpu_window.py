@@ -133,7 +133,9 @@ def facts(w: Window, env: dict[str, str]) -> str:
         hardware = None
     shm, tmp = (shutil.disk_usage(p) if os.path.isdir(p) else None for p in ("/dev/shm", tempfile.gettempdir()))
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-    found = {"hardware_id": hardware, "commit": w.info["commit"], "python": platform.python_version(),
+    found = {"hardware_id": hardware, "day": time.strftime("%Y-%m-%d", time.gmtime()),
+             "utc_start": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - w.elapsed())),
+             "commit": w.info["commit"], "layers": w.info["layers"], "python": platform.python_version(),
              "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
              "mem_total": meminfo.get("MemTotal", "").strip(), "mem_available": meminfo.get("MemAvailable", "").strip(),
              "shm_gib": shm and round(shm.total / 2**30, 1), "shm_free_gib": shm and round(shm.free / 2**30, 1),
@@ -289,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(line)
         except PublishError as exc:
             return cc.refuse(str(exc))
+        if args.into is None:  # the claims page quotes the GPU sets of results/ (zenflow/reports/gpu_claims.py)
+            from zenflow.reports import claims
+
+            return claims.main([])
         return 0
     return window(args)
 

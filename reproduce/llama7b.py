@@ -10,7 +10,7 @@ labelled "cpu-scale" everywhere. Output: records, table.md/.csv and figure.png i
     python reproduce/llama7b.py --shape llama2-7b --layers 8 --plan   # the memory plan only: nothing runs
     python reproduce/llama7b.py --convergence        # loss against wall time, 5 rounds (convergence/)
     python reproduce/llama7b.py --cores-ablation     # ZenFlow at each pt_reserved_cores_perc (cores/)
-    python reproduce/gpu_7b.py --list                # the 7B-class sequence for one GPU host (docs/llama7b-gpu.md)
+    python reproduce/gpu_window.py --out OUT         # one command on a GPU host: checks + 4 layers (docs/gpu-window.md)
 
 `--shape llama2-7b --layers N`: random weights at Llama-2-7B's layer shapes, N of its 32 layers (the default on a
 GPU host without local Llama-2-7B weights, at the largest N the memory plan admits). Before any run the parent

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+from remake import remake_llama
+from remake import same_files as _same_files
 
-from zenflow.costmodel import host_ceiling
 from zenflow.costmodel.presets import load_calibration
 from zenflow.costmodel.projection import projection
 from zenflow.costmodel.validate import validation, validation_dating
@@ -20,7 +20,6 @@ from zenflow.reports.costmodel import committed_runs, write_falsifiable, write_p
 from zenflow.reports.glue import parity_report
 from zenflow.reports.glue_study import SETTINGS, study_report
 from zenflow.reports.scaling import scaling_report
-from zenflow.reports.scenario import scenario_report
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 NO_ENV: dict = {}  # the hardware label comes from the records themselves
@@ -28,30 +27,6 @@ NO_ENV: dict = {}  # the hardware label comes from the records themselves
 
 def _sets(pattern: str) -> list[Path]:
     return sorted(p.parent for p in RESULTS.glob(pattern)) or pytest.fail(f"no committed {pattern} to check")
-
-
-def _same_files(committed: Path, remade: Path, names: tuple[str, ...]) -> None:
-    """Each of `names` that the remake writes is committed, byte for byte, and each committed one is remade: a
-    committed table that disappears (or one the report stops writing) fails instead of leaving its check out."""
-    checked = 0
-    for name in names:
-        made, kept = (remade / name).exists(), (committed / name).exists()
-        assert made == kept, f"{committed / name}: {'remade but not committed' if made else 'committed but not remade'}"
-        if kept:
-            assert (remade / name).read_bytes() == (committed / name).read_bytes(), f"{committed / name} differs"
-            checked += 1
-    assert checked, f"{committed}: none of {names} to compare"
-
-
-def remake_llama(folder: Path, tmp_path: Path) -> None:
-    """`folder`'s scenario tables remade into `tmp_path` from its records, compared byte for byte."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    rates = folder / host_ceiling.FILE  # a set published with the host's rates: its table quotes the ceiling
-    if rates.is_file():  # (gpu-audit-3 B13: remade without them, the "Host ceiling" line would disappear)
-        (tmp_path / host_ceiling.FILE).parent.mkdir()
-        shutil.copyfile(rates, tmp_path / host_ceiling.FILE)
-    scenario_report(read_records(folder), tmp_path, NO_ENV)
-    _same_files(folder, tmp_path, ("table.md", "table.csv", "ratios.csv", "convergence.md", "convergence.csv"))
 
 
 @pytest.mark.parametrize("folder", _sets("llama7b/**/table.md"), ids=lambda p: str(p.relative_to(RESULTS)))

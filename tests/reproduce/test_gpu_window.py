@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from remake import remake_llama
 
-from tests.reports.test_committed_tables import remake_llama
 from zenflow.harness.evidence import MANIFEST
 from zenflow.harness.records import read_records
+from zenflow.reports.gpu_claims import gpu_section
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW = [sys.executable, str(ROOT / "reproduce" / "gpu_window.py")]
@@ -89,7 +90,8 @@ def test_the_rehearsal_runs_every_phase_and_the_deadline_cuts_the_engine_list(re
 def test_the_archive_is_packed_after_every_phase(rehearsal):
     _, out, _, seen, _ = rehearsal
     assert seen[-1] == PHASES
-    assert any("checks" in s and "scenario" not in s for s in seen)  # a state between phases came back too
+    # the states between phases came back too: after the wheels probe, after the facts (the checks run 8+ s then)
+    assert PHASES[:1] in seen and PHASES[:2] in seen, seen
     assert [s for s in seen if s == sorted(s, key=PHASES.index)] == seen  # phases only ever added, in order
 
 
@@ -106,6 +108,19 @@ def test_publish_gives_the_tables_and_refuses_a_cpu_set_in_results(rehearsal, tm
     remake_llama(tmp_path / "llama7b" / hw / "smoke", tmp_path / "remade")  # what the committed-table test does
     assert (tmp_path / "gpu-check" / hw / "figure.png").stat().st_size > 0
     assert (tmp_path / "gpu-check" / hw / "window" / "phases.json").is_file()
+    # the claims page's GPU rows read such a set, and only a GPU's (a cpu-scale id is never one of them)
+    assert "no GPU set committed yet" in gpu_section(tmp_path)
+    for kind in ("llama7b", "gpu-check"):
+        (tmp_path / kind / hw).rename(tmp_path / kind / "nvidia-test-gpu")
+    gpu = tmp_path / "llama7b" / "nvidia-test-gpu"
+    (gpu / "smoke").rename(gpu / "llama2-7b-4L")
+    section = gpu_section(tmp_path)
+    (row,) = [line for line in section.splitlines() if line.startswith("| [nvidia-test-gpu")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    records = read_records(tmp_path / "llama7b" / "nvidia-test-gpu" / "llama2-7b-4L")
+    ran = sum(r.status == "ok" and r.protocol.get("telemetry", True) for r in records)
+    assert cells[6] == f"{ran} / {len(gpu_window.ENGINES) - ran}"  # every engine of the window: run or cut
+    assert cells[1].endswith("(1 run)") and cells[7].startswith(time.strftime("%Y-%m-%d"))
     refused = subprocess.run([*WINDOW, "--publish", str(archive)], capture_output=True, text=True, timeout=300,
                              cwd=ROOT)
     assert refused.returncode == 2 and "cpu-scale" in refused.stderr and len(refused.stderr.splitlines()) == 1

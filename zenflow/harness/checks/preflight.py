@@ -42,7 +42,7 @@ OPTIONAL = {
     "pytest_benchmark": ("pytest-benchmark", "make bench, make test"),
     "hypothesis": ("hypothesis", "make test"),
     "yaml": ("pyyaml", "make test (workflow checks)"),
-    "packaging": ("packaging", "make test (packaging checks)"),
+    "packaging": ("packaging>=23", "make gpu-wheels, make test (packaging checks)"),
     "ruff": ("ruff", "make lint, make test"),
 }
 if sys.version_info < (3, 11):  # tomllib is in the standard library from 3.11
