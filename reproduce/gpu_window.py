@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a bare sc
 
 from zenflow.harness.checks import arguments as cc  # noqa: E402
 from zenflow.harness.checks.preflight import torch_extensions_dir  # noqa: E402
+from zenflow.harness.engines.registry import is_deepspeed  # noqa: E402
 from zenflow.harness.window import Window, WindowClosed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,8 @@ LAYERS = 4
 ENGINES = ["ref-zenflow", "ref-offload", "ds-zero-offload", "ds-zenflow", "no-offload",  # the paper's comparison
            "ref-offload-gas", "ds-zero-offload-gas", "ref-zenflow-da", "ref-offload-overlap", "no-offload-fp32"]
 CHECKS = "environment,differential,memory,pcie"  # gpu-check's engines on a small Llama: an H100 record exists
-PROBE = "import deepspeed, hjson, pydantic, mistral_common"  # the real imports, not find_spec (gpu-audit-3 B3)
+PROBE_DS = "import deepspeed, hjson, pydantic"  # the real imports, not find_spec (gpu-audit-3 B3)
+PROBE = PROBE_DS + ", mistral_common"  # all the set brings: the Llama tokenizer's file too (else: UTF-8 bytes)
 OP_BUILD = ("from deepspeed.accelerator import get_accelerator; "
             "get_accelerator().create_op_builder('CPUAdamBuilder').load(); print('CPU Adam op ready', flush=True)")
 SCENARIO_RESERVE_S = 15  # the scenario's table and figure after its last run, within the deadline
@@ -89,9 +91,10 @@ def child_env(site: Path | None) -> dict[str, str]:
             "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir())}
 
 
-def probe(env: dict[str, str]) -> str | None:
-    """None when DeepSpeed and the tokenizer's packages import in a child with `env`; else the error's last line."""
-    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+def probe(env: dict[str, str], imports: str = PROBE) -> str | None:
+    """None when `imports` (DeepSpeed and the tokenizer's package) run in a child with `env`; else the error's last
+    line."""
+    done = subprocess.run([sys.executable, "-c", imports], env=env, capture_output=True, text=True, timeout=120)
     return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
 
 
@@ -198,7 +201,7 @@ def window(args: argparse.Namespace) -> int:
         env = {**child_env(site), **({"ZENFLOW_GIT_COMMIT": commit} if commit else {})}
         facts(w, env)
         engines = list(ENGINES)
-        ds_ok = probe(env) is None
+        ds_ok = probe(env, PROBE_DS) is None
         build = w.start([sys.executable, "-c", OP_BUILD], w.work / "op-build.log", {**env, "MAX_JOBS": "2"},
                         two_cores) if ds_ok else None
         build_began = time.monotonic()
@@ -209,9 +212,9 @@ def window(args: argparse.Namespace) -> int:
                      note="exit 1: a check failed (see gpu-check/table.md)" if code == 1 else None)
         ds_ok = ds_ok and wait_for_build(w, build, build_began)
         if not ds_ok:
-            w.say("DeepSpeed unusable here (see phases.json): ds engines dropped: "
-                  + " ".join(e for e in engines if e.startswith("ds-")))
-            engines = [e for e in engines if not e.startswith("ds-")]
+            w.say("DeepSpeed unusable here (see phases.json): its engines dropped: "
+                  + " ".join(e for e in engines if is_deepspeed(e)))
+            engines = [e for e in engines if not is_deepspeed(e)]
         if not (args.resume and (scenario / "host" / "rates.json").is_file()):
             began = time.monotonic()
             code = w.run(ceiling_cmd(args, scenario), min(60, w.left()), env)
@@ -221,9 +224,9 @@ def window(args: argparse.Namespace) -> int:
                      watch=scenario)
         w.record("scenario", time.monotonic() - began, "ok" if code == 0 else "failed", exit=code,
                  engines=engines)
-    except WindowClosed as exc:
-        status = f"stopped ({exc})"
-        return_code = 143
+    except (WindowClosed, KeyboardInterrupt) as exc:  # SIGTERM (the device's limit), Ctrl-C
+        status = f"stopped ({exc or 'Ctrl-C'})"
+        return_code = 143 if isinstance(exc, WindowClosed) else 130
     except Exception:  # a bug of ours must not cost the evidence already gathered: say it, pack, exit 1
         w.say("window failed:\n" + traceback.format_exc())
         status, return_code = "failed (traceback in run.log)", 1
