@@ -88,13 +88,21 @@ def _add_(st: ColumnState, block: torch.Tensor, scale: float, link: Link) -> Non
         st.d_acc_shipped = None
     if st.d_acc.device.type == "cpu":
         accumulate_into_(st.d_acc, block, scale, first)  # the CPU device: the host's own blocked kernel
-    elif first:
-        st.d_acc.copy_(block)  # upcast exactly
-        if scale != 1.0:
-            st.d_acc.mul_(scale)
     else:
-        st.d_acc.add_(block, alpha=scale)  # fp32 += scale·(the gradient's dtype, upcast): one fused multiply-add
+        add_on_device_(st.d_acc, block, scale, first)
     st.d_acc_count += 1
+
+
+def add_on_device_(acc: torch.Tensor, block: torch.Tensor, scale: float, first: bool) -> None:
+    """_add_ on a CUDA device: acc (fp32) = scale·block (`first`) or acc += scale·block, torch's own kernels. A
+    function of its own so that a CPU test can hold its arithmetic to host.accumulate_into_'s: no CPU-device run
+    reaches it (tests/harness/checks/test_cuda_differential.py)."""
+    if first:
+        acc.copy_(block)  # upcast exactly
+        if scale != 1.0:
+            acc.mul_(scale)
+    else:
+        acc.add_(block, alpha=scale)  # fp32 += scale·(the gradient's dtype, upcast): one fused multiply-add
 
 
 def ship_(states: list[tuple[torch.Tensor, ColumnState]], link: Link, slot: int) -> list[GradCopy]:

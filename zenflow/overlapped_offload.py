@@ -13,10 +13,12 @@ host memory, as in ZeRO-Offload; what changes is *when* the host works:
 Each parameter's update is torch's AdamW on its fp32 master copy with the gradient upcast exactly, so in fp32 the
 parameters equal `torch.optim.AdamW`'s (tests/core/test_overlapped_offload.py). With `gradient_clipping > 0` the
 global norm must be known before any update: the copies still overlap backward and each gradient's norm is taken as
-it lands, but the host steps start in `step()`, once the coefficient is known (torch's clip_grad_norm_ rule; the
-clipped gradient is rounded in its own dtype, as torch's clipping writes it). Hyperparameters are read when a
-parameter's gradient lands (set the learning rate before backward). One backward per step: gradient accumulation
-across backward passes is refused (the hook would step twice).
+it lands, but the host steps start in `step()`, once the coefficient is known (torch's clip_grad_norm_ coefficient,
+computed in the gradients' dtype). The clipped gradient is formed in fp32, the gradient upcast exactly and scaled with
+one rounding, never rounded back to its own dtype as torch's in-place clipping writes it: the rule of ZenFlow's host
+path (issue 25, zenflow/host.py accumulate_into_). In fp32 the two agree; for bf16 they differ, and the tests pin
+this one. Hyperparameters are read when a parameter's gradient lands (set the learning rate before backward). One
+backward per step: gradient accumulation across backward passes is refused (the hook would step twice).
 """
 
 from __future__ import annotations

@@ -385,6 +385,9 @@ DP_CONFIGS = {
     "overlap-warmup-reselect-clip": {"lr": 0.01, "gradient_clipping": 0.5,
                                      "zenflow": {"topk_ratio": 0.25, "update_interval": 3, "select_interval": 3,
                                                  "overlap_step": True, "full_warm_up_rounds": 1}},
+    # "auto": each rank's mass of its block is combined with the others' when read (the element counts it needs)
+    "auto-clip": {"lr": 0.01, "gradient_clipping": 1.0,
+                  "zenflow": {"topk_ratio": 0.25, "update_interval": "auto", "select_interval": 8}},
 }
 
 

@@ -2,14 +2,19 @@
 element rounded once in fp32 (a fused multiply-add on the upcast gradient), the first gradient as clip·src.
 
 The reference computes each element in float64 and rounds it once to fp32: exact for these inputs (an fp32 product
-fits float64's 53 bits; the checks below would see a second rounding, and did, see the negative controls)."""
+fits float64's 53 bits; the checks below would see a second rounding, and did, see the negative controls).
+
+The scratch each call upcasts into is kept per thread: two threads accumulating at once each get their own, and each
+sum is exact."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 
-from zenflow.host import accumulate_into_
+from zenflow.host import _scratch, accumulate_into_
 
 
 def _rounded_once(acc: torch.Tensor, src: torch.Tensor, clip: float | None, first: bool) -> torch.Tensor:
@@ -19,23 +24,25 @@ def _rounded_once(acc: torch.Tensor, src: torch.Tensor, clip: float | None, firs
 
 
 def _inputs(dtype: torch.dtype, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """1001 rows of 37: rows % rows-per-block is 1 for blocks of 1 or 2 rows (a one-row tail), 2 for 3 rows."""
     gen = torch.Generator().manual_seed(seed)
-    src = (torch.randn(1000, 37, generator=gen) * 50).to(dtype)
-    return torch.randn(1000, 37, generator=gen), src
+    src = (torch.randn(1001, 37, generator=gen) * 50).to(dtype)
+    return torch.randn(1001, 37, generator=gen), src
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("clip", [None, 1.0, 0.37, 3e-4])
 @pytest.mark.parametrize("first", [False, True])
-def test_clipped_accumulation_rounds_each_element_once(dtype, clip, first) -> None:
+@pytest.mark.parametrize("block", [37, 74, 111, 1 << 20], ids=["rows1", "rows2", "rows3", "one-block"])
+def test_clipped_accumulation_rounds_each_element_once(dtype, clip, first, block) -> None:
+    """Every element, whatever the size of the last block of rows (1, 1 and 2 rows here), and in a single block."""
     acc, src = _inputs(dtype)
     expected = _rounded_once(acc, src, clip, first)
     coef = None if clip is None else torch.tensor(clip, dtype=torch.float32)
-    for block in (100, 1 << 20):  # many blocks with a ragged last one, and one block
-        out, kept = acc.clone(), src.clone()
-        accumulate_into_(out, src, coef, first=first, block_elements=block)
-        assert torch.equal(out, expected), block
-        assert torch.equal(src, kept)  # the staging buffer is only read
+    out, kept = acc.clone(), src.clone()
+    accumulate_into_(out, src, coef, first=first, block_elements=block)
+    assert torch.equal(out, expected)
+    assert torch.equal(src, kept)  # the staging buffer is only read
 
 
 def test_one_dimensional_and_a_python_coefficient() -> None:
@@ -63,3 +70,43 @@ def test_a_coefficient_of_one_is_skipped_exactly() -> None:
     accumulate_into_(a, src, torch.tensor(1.0))
     accumulate_into_(b, src, None)
     assert torch.equal(a, b)
+
+
+def test_the_scratch_is_one_buffer_per_thread() -> None:
+    """The worker and, on the CPU device, the trainer both accumulate (two optimizers with overlap_step: two
+    workers), so each thread upcasts into its own buffer, reused across its calls."""
+    mine = _scratch(4096, torch.float32)
+    other: list[torch.Tensor] = []
+    thread = threading.Thread(target=lambda: other.append(_scratch(4096, torch.float32)))
+    thread.start()
+    thread.join()
+    assert other[0].data_ptr() != mine.data_ptr()
+    assert _scratch(4096, torch.float32).data_ptr() == mine.data_ptr()  # kept: no new buffer per call
+
+
+def test_two_threads_accumulating_at_once_each_get_exact_sums() -> None:
+    """30 clipped bf16 accumulations per thread into its own acc, both threads released together, against the same
+    accumulations made one thread at a time before. A scratch shared by both threads adds the other's gradient: one
+    round caught it 9 times in 10 here (the threads must interleave), so ten rounds are run (~0.05 s each)."""
+    gen = torch.Generator().manual_seed(5)
+    sources = [(torch.randn(256, 1024, generator=gen) * 50).to(torch.bfloat16) for _ in range(2)]
+    start = torch.randn(256, 1024, generator=gen)
+    coef = torch.tensor(0.37)
+
+    def run(src: torch.Tensor, out: torch.Tensor, go: threading.Barrier | None = None) -> None:
+        if go is not None:
+            go.wait()
+        for _ in range(30):
+            accumulate_into_(out, src, coef, block_elements=1 << 16)  # 4 blocks a call: windows to interleave
+
+    expected = [start.clone() for _ in sources]
+    for src, out in zip(sources, expected):
+        run(src, out)
+    for round_ in range(10):
+        results, go = [start.clone() for _ in sources], threading.Barrier(len(sources))
+        threads = [threading.Thread(target=run, args=(src, out, go)) for src, out in zip(sources, results)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert all(torch.equal(out, ref) for out, ref in zip(results, expected)), round_

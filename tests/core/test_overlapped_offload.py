@@ -1,5 +1,7 @@
 """OverlappedOffloadAdamW (ref-offload-overlap, issue 24): exact AdamW semantics with the host steps started during
-backward. Oracles against torch.optim.AdamW (fp32), with and without clipping; negative controls for each."""
+backward. Oracles against torch.optim.AdamW (fp32), with and without clipping; bf16 with clipping against torch's
+AdamW on the landed gradients clipped by the module docstring's fp32 rule; negative controls for each. The device
+gradients are dropped as they land."""
 
 from __future__ import annotations
 
@@ -89,6 +91,57 @@ def test_host_steps_start_during_backward_and_after_it_with_clipping() -> None:
                 assert bool(early) is during, (clip, started, first_layer)
                 opt.step()
                 assert len(started) == 6  # every parameter stepped once
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.5])
+def test_each_device_gradient_is_dropped_as_it_lands(clip: float) -> None:
+    """Half of the engine's point: a layer's gradient memory is freed while backward goes on, not at step(). The
+    values cannot show it (the update reads the landed host copy), so the gradients themselves are looked at."""
+    net = model()
+    with OverlappedOffloadAdamW(net.parameters(), **HYPER, gradient_clipping=clip) as opt:
+        last_layer_grads: list[bool] = []  # net[3]'s gradients, seen when backward reaches net[0] (landed earlier)
+        net[0].weight.register_post_accumulate_grad_hook(
+            lambda p: last_layer_grads.extend(q.grad is not None for q in net[3].parameters()))
+        (x, y), = batches(1)
+        ((net(x) - y) ** 2).mean().backward()
+        assert last_layer_grads == [False, False]  # dropped at once, inside backward
+        assert [p.grad is None for p in net.parameters()] == [True] * 6  # none kept until step()
+        opt.step()
+        assert all(opt.host[p].step == 1 for p in net.parameters())  # ...and each was still stepped
+
+
+def _replayed_bf16_reference(landed: list[list[torch.Tensor]], clip: float,
+                             clipped_in_fp32: bool) -> list[torch.Tensor]:
+    """The fp32 masters of `model(bf16)` after torch's AdamW on each step's landed bf16 gradients, clipped by torch's
+    clip_grad_norm_ coefficient (computed in the gradients' dtype). `clipped_in_fp32`: the stated rule, the gradient
+    upcast exactly and scaled in fp32 (one rounding: zenflow.host.accumulate_into_); else torch's in-place clipping,
+    the product rounded to bf16. Replayed, not recomputed: a bf16 LayerNorm's weight gradient depends on the intra-op
+    thread count, which the worker's start changes for the training thread."""
+    masters = [p.detach().float() for p in model(torch.bfloat16).parameters()]
+    ref = torch.optim.AdamW(masters, **HYPER, fused=True)
+    for grads in landed:
+        coef = torch.clamp(clip / (torch.nn.utils.get_total_norm(grads) + 1e-6), max=1.0)  # bf16, as torch's
+        assert coef < 1  # clipping bites, or both rules would be a plain copy
+        for m, g in zip(masters, grads):
+            m.grad = g.float() * coef.float() if clipped_in_fp32 else (g * coef).float()
+        ref.step()
+    return masters
+
+
+def test_bf16_with_clipping_clips_the_exact_upcast_gradient_in_fp32() -> None:
+    """The module docstring's rule (ZenFlow's host path since issue 25), bit for bit; the other candidate, the
+    clipped gradient rounded in bf16 as torch's in-place clipping writes it, is told apart (fp32 cannot tell them:
+    the rules agree there)."""
+    net, landed = model(torch.bfloat16), []
+    with OverlappedOffloadAdamW(net.parameters(), **HYPER, gradient_clipping=0.5) as opt:
+        for x, y in batches(4):
+            (((net(x.to(torch.bfloat16)) - y) ** 2).mean() * 50).backward()
+            opt.step()
+            landed.append([opt.host[p].grad.clone() for p in net.parameters()])  # the step only read it
+        masters = [opt.host[p].master for p in net.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(masters, _replayed_bf16_reference(landed, 0.5, True)))
+    assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(net.parameters(), masters))
+    assert not all(torch.equal(a, b) for a, b in zip(masters, _replayed_bf16_reference(landed, 0.5, False)))
 
 
 def test_bf16_parameters_keep_an_fp32_master_and_get_its_cast() -> None:

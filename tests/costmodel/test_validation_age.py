@@ -32,6 +32,7 @@ from zenflow.costmodel.validate import (
     record_sets,
     run_validation,
     sample_seconds,
+    span_of,
     validation,
     validation_dating,
 )
@@ -155,6 +156,31 @@ def test_apart_is_the_longest_time_between_the_two_spans_either_way() -> None:
     assert apart_h((T0, T0), (T0 + h, T0 + 5 * h)) == pytest.approx(5)
     assert apart_h((T0 - 2 * h, T0), (T0 + h, T0 + h)) == pytest.approx(3)  # a git window: its far end counts
     assert apart_h((T0, T0), (None, T0)) is None
+
+
+def test_runs_taken_at_different_times_span_the_earliest_start_to_the_latest_end(tmp_path: Path) -> None:
+    """Half the runs 13 h before the calibration, half 11 h: 13 h apart, over the bound (the latest start, 11 h,
+    would pass them). The span of spans is the earliest start to the latest end."""
+    h = timedelta(hours=1)
+    assert span_of([(T0 - 13 * h, T0 - 12 * h), (T0 - 11 * h, T0 - 11 * h)]) == (T0 - 13 * h, T0 - 11 * h)
+    out = _results(tmp_path, T0, T0 - 11 * h)
+    records = sorted(out.glob("validation/seq*/*.json"))
+    for path in records[::2]:
+        _stamped(path, path, T0 - 13 * h)
+    cal = json.loads((out / "calibration.json").read_text())
+    when = validation_dating(cal, HW, tmp_path, "full")
+    assert when["runs_taken"] == [_iso(T0 - 13 * h), _iso(T0 - 11 * h)]
+    assert when["apart_h"] == pytest.approx(13.0) and when["over_bound"] is True
+
+
+def test_hardware_id_remakes_an_old_folder_with_the_warning_instead_of_refusing(project, tmp_path: Path) -> None:
+    """--hardware-id remakes what was validated then: runs 30 h from the calibration are stated and warned about,
+    not refused (the refusal is for a validation being made now)."""
+    out = _results(tmp_path, T0, T0 - timedelta(hours=30))
+    assert project.main(["--hardware-id", HW]) == 0
+    text = (out / "validation.md").read_text()
+    assert text.startswith("> **Warning: runs and calibration up to 30.0 h apart, beyond the 12 h bound"), text[:200]
+    assert json.loads((out / "validation.json").read_text())["over_bound"] is True
 
 
 @pytest.mark.parametrize("folder", sorted(p.parent for p in (ROOT / "results" / "costmodel").glob("*/validation.md")),

@@ -52,8 +52,33 @@ def test_default_layers_leave_the_margin_and_fit():
     layers = mp.largest_layers(list(ENGINES), LLAMA2_7B, H100_HOST, 2, True, DEEPSPEED_EXAMPLES_BLOCK, 512, 1, BASE,
                                32)
     assert 8 <= layers < 32
+    # every engine at the chosen layers keeps DEFAULT_MARGIN free (a count chosen without the margin fails here) ...
+    chosen = needs(replace(LLAMA2_7B, layers=layers))
+    assert {e: mp.fits(n, H100_HOST, mp.DEFAULT_MARGIN) for e, n in chosen.items()} == {e: None for e in ENGINES}
     over = needs(replace(LLAMA2_7B, layers=layers + 1))
-    assert any(mp.fits(n, H100_HOST, mp.DEFAULT_MARGIN) for n in over.values())  # the next one would not
+    assert any(mp.fits(n, H100_HOST, mp.DEFAULT_MARGIN) for n in over.values())  # ... and the next one would not
+
+
+def _need(device: int = 0, pageable: int = 0) -> mp.Need:
+    """A Need with only the bytes a verdict reads (times are irrelevant to fits())."""
+    return mp.Need("ref-zenflow", device, 0, pageable, step_s=1.0, init_s=1.0)
+
+
+def test_a_run_may_use_only_the_headroom_of_what_the_host_has_available():
+    """HEADROOM (95%): 97 GiB of a 100 GiB host is refused, 94 GiB fits; the rest is the page cache's and the
+    parent's."""
+    host = mp.Host.simulated(100, 80)
+    assert mp.fits(_need(pageable=97 * mp.GiB), host).startswith("needs ~97.0 GiB host (0.0 pinned + 97.0 pageable)")
+    assert mp.fits(_need(pageable=94 * mp.GiB), host) is None
+
+
+def test_a_run_that_needs_more_than_the_device_has_gets_a_device_verdict():
+    """A skipped record instead of a child dying of "CUDA error: out of memory": 90 GiB of an 80 GiB GPU is
+    refused, 75 GiB (within the 95% headroom) fits, and a CPU device has no device verdict."""
+    assert mp.fits(_need(device=90 * mp.GiB, pageable=mp.GiB), H100_HOST) == (
+        "needs ~90.0 GiB on the device, 80.0 there")
+    assert mp.fits(_need(device=75 * mp.GiB, pageable=mp.GiB), H100_HOST) is None
+    assert mp.fits(_need(device=90 * mp.GiB, pageable=mp.GiB), mp.Host.simulated(126, None)) is None
 
 
 def test_pinned_rounding_is_torchs_power_of_two():

@@ -88,6 +88,37 @@ def test_a_round_that_misses_the_target_takes_the_speedup_away() -> None:
     assert base["time_to_loss_speedup"] == pytest.approx(1.0) and base["time_to_loss_speedup_low"] == pytest.approx(1)
 
 
+def test_with_both_baselines_the_target_comes_from_ds_zero_offload() -> None:
+    """ds-zero-offload, else ref-offload: ref-offload's losses are a unit higher here, and ref-zenflow follows them
+    loss for loss, so it would reach ref-offload's target; ds-zero-offload's, a unit lower, it never reaches."""
+    rows, facts = convergence_rows([run("ref-offload", shifted(LINE, 1.0), 100.0), run("ds-zero-offload", LINE, 100.0),
+                                    run("ref-zenflow", shifted(LINE, 1.0), 50.0)], {})
+    assert facts["baseline"] == "ds-zero-offload"
+    assert facts["target"] == pytest.approx(sum(LINE[-WINDOW:]) / WINDOW)
+    zen = next(r for r in rows if r["engine"] == "ref-zenflow")
+    assert (zen["reached"], zen["compared"]) == (0, 1) and zen["time_to_target_s"] is None
+
+
+def run_with_warmup(engine: str, losses: list[float], period_ms: float, warmup_ms: float,
+                    warmup: int = 4) -> RunRecord:
+    """A record as the harness writes it: the first `warmup` steps are "warmup", then accumulate/update (U = 4)."""
+    steps = [{"step": i, "loss": v, "kind": "warmup" if i < warmup else "update" if i % 4 == 3 else "accumulate",
+              "period_ms": warmup_ms if i < warmup else period_ms} for i, v in enumerate(losses)]
+    return RunRecord(engine=engine, status="ok", protocol={"telemetry": True, "repeat": 0}, steps=steps)
+
+
+def test_the_time_to_target_counts_the_warmup_steps() -> None:
+    """Training wall time includes the warm-up: the baseline's 40 steps of 100 ms take 4.0 s, not 3.6; the
+    engine's 4 warm-up steps of 200 ms (its first steps are slow) and 36 of 50 ms take 2.6 s, not 1.8."""
+    rows, facts = convergence_rows([run_with_warmup("ds-zero-offload", LINE, 100.0, 100.0),
+                                    run_with_warmup("ref-zenflow", LINE, 50.0, 200.0)], {})
+    by = {r["engine"]: r for r in rows}
+    assert by["ds-zero-offload"]["time_to_target_s"] == pytest.approx(4.0)
+    assert by["ref-zenflow"]["time_to_target_s"] == pytest.approx(2.6)
+    assert by["ref-zenflow"]["time_to_loss_speedup"] == pytest.approx(4.0 / 2.6)
+    assert facts["equal_time_s"] == pytest.approx(2.6)
+
+
 def test_smoothing_is_the_trailing_mean_over_a_fifth_of_the_run() -> None:
     points = curve(run("x", list(range(WINDOW + 2)), 10.0), WINDOW)
     assert len(points) == 3 and points[0] == pytest.approx((WINDOW * 0.01, (WINDOW - 1) / 2))

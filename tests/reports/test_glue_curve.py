@@ -47,6 +47,18 @@ def test_each_seed_is_held_to_its_own_baseline() -> None:
     assert zen["time_to_accuracy_speedup"] is None and zen["time_to_target_s"] is None
 
 
+def test_the_target_is_the_baselines_final_score_not_its_best() -> None:
+    """A dev score that peaks and falls back (85 at 20 s, 80 at the end): the target is the final 80, which the
+    baseline first reached at 20 s and ref-zenflow at 10 s (2x); against the best (85) it would never get there."""
+    records = [run("ds-zero-offload", 0, [(10, 60), (20, 85), (30, 80)]),
+               run("ref-zenflow", 0, [(5, 70), (10, 82), (15, 83)])]
+    rows = {r["engine"]: r for r in curve_rows(records)}
+    assert rows["ds-zero-offload"]["target"] == pytest.approx(80.0)
+    assert rows["ds-zero-offload"]["time_to_target_s"] == pytest.approx(20.0)
+    zen = rows["ref-zenflow"]
+    assert zen["time_to_target_s"] == pytest.approx(10.0) and zen["time_to_accuracy_speedup"] == pytest.approx(2.0)
+
+
 def test_records_without_curves_make_no_report(tmp_path) -> None:
     plain = RunRecord(engine="ref-zenflow", status="ok", metrics={"task": "MRPC", "score": 80.0})
     assert curve_report([plain], tmp_path, "test") == [] and not (tmp_path / "curve.md").exists()

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from zenflow.harness.records import RunRecord
-from zenflow.reports.intervals import NO_DIFFERENCE, log_interval, mean_interval, ratio_cell, ratio_interval
+from zenflow.reports.intervals import NO_DIFFERENCE, Interval, log_interval, mean_interval, ratio_cell, ratio_interval
 from zenflow.reports.scenario import engine_rows, table
 
 
@@ -50,6 +50,19 @@ def test_an_interval_including_one_is_no_difference_and_a_clear_one_is_not() -> 
     clear = ratio_interval({0: 190.0, 1: 210.0, 2: 200.0}, {0: 100.0, 1: 100.0, 2: 100.0})
     assert not clear.includes_one and ratio_cell(clear).startswith("2.00× [")
     assert ratio_cell(ratio_interval({0: 2.0}, {0: 1.0})) == "2.00× (1 run)"
+
+
+def test_an_interval_wholly_below_or_above_one_is_a_difference_and_only_one_across_one_is_not() -> None:
+    """A clear slowdown is as much a difference as a clear speedup: docs/glue.md's "ours 0.64× [0.61–0.68]" must not
+    read "no difference". An interval that touches 1 at an end does include it."""
+    slower, faster = Interval(0.64, 0.56, 0.74, 5), Interval(1.56, 1.35, 1.79, 5)
+    assert not slower.includes_one and ratio_cell(slower) == "0.64× [0.56–0.74]"
+    assert not faster.includes_one and ratio_cell(faster) == "1.56× [1.35–1.79]"
+    across, touching = Interval(0.98, 0.91, 1.05, 5), Interval(0.95, 0.90, 1.0, 5)
+    assert across.includes_one and ratio_cell(across) == f"{NO_DIFFERENCE} (0.98× [0.91–1.05])"
+    assert touching.includes_one
+    slowdown = ratio_interval({0: 64.0, 1: 60.0, 2: 68.0}, {0: 100.0, 1: 100.0, 2: 100.0})  # the same, from runs
+    assert slowdown.high < 1 and not ratio_cell(slowdown).startswith(NO_DIFFERENCE)
 
 
 def _run(engine: str, repeat: int, cycle_ms: float) -> RunRecord:

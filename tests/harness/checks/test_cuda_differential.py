@@ -2,17 +2,23 @@
 GPU and on the CPU end within a stated tolerance (zenflow/harness/checks/gpu.py: RTOL, ATOL and why). It is the test
 that catches stream races. On a CPU-only machine the comparison itself is proven: two CPU runs are bit-identical,
 and a run that trained on one different batch, or whose weight rows were overwritten once the way a race does it,
-is flagged."""
+is flagged. The CUDA add of device accumulation (device_accumulation.add_on_device_), which no CPU-device run
+reaches, is held here to the host's arithmetic on CPU tensors, and trained through on the CPU in its case."""
 
 from __future__ import annotations
 
 import copy
+from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 
 from zenflow import ZenFlowAdamW
+from zenflow import device_accumulation as da
+from zenflow.harness.checks import differential as d
 from zenflow.harness.checks import gpu as gc
+from zenflow.host import accumulate_into_
 
 STEPS = 24
 WIDTHS = (96, 192, 192, 96)
@@ -21,34 +27,58 @@ WIDTHS = (96, 192, 192, 96)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: compares a GPU run with a CPU run")
 @pytest.mark.parametrize("case", list(gc.CASES))
 def test_cuda_run_matches_the_cpu_run_within_tolerance(case):
-    block, clipping = gc.CASES[case]
+    block, clipping, accumulate_on = gc.CASES[case]
     with gc.fp32_matmuls():
-        on_gpu = gc.train_case("cuda", block, clipping, STEPS, gc.CUDA_WIDTHS)
-        on_cpu = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS)
+        on_gpu = gc.train_case("cuda", block, clipping, STEPS, gc.CUDA_WIDTHS, accumulate_on=accumulate_on)
+        on_cpu = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, accumulate_on=accumulate_on)
     result = gc.compare(on_cpu, on_gpu)
     assert result["ok"], result
 
 
-def test_the_zenflow_cases_reselect_several_times_and_clip():
-    # What the differential exercises must really happen: reselection (columns changing owner) and clipping.
-    block, clipping = gc.CASES["ref-zenflow-overlap"]
-    interval, warm = block["select_interval"], block["full_warm_up_rounds"]
-    selections = [t for t in range(STEPS) if t >= warm and (t - warm) % interval == 0]
-    assert len(selections) >= 3 and clipping > 0 and block["overlap_step"]
-    assert gc.CASES["ref-zenflow-sync"][0] == {**block, "overlap_step": False}
+class Recorded(ZenFlowAdamW):
+    """ZenFlowAdamW that keeps each step's host-side clipping coefficient (None: not clipped), for train_run."""
+
+    made: list[Recorded] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.coefficients: list[float | None] = []
+        Recorded.made.append(self)
+
+    def step(self, closure: Any = None) -> Any:
+        loss = super().step(closure)
+        self.coefficients.append(None if self.clip.host is None else float(self.clip.host))
+        return loss
+
+
+@pytest.mark.parametrize("case", ["ref-zenflow-sync", "ref-zenflow-overlap", "ref-zenflow-da-overlap"])
+def test_the_zenflow_cases_reselect_several_times_and_clip(case, monkeypatch):
+    """What the differential exercises must really happen, observed in the case's own run (train_run, GPU widths):
+    reselections that move columns, several times, and clipping computed at every step. Where the case is there for
+    device accumulation, the coefficient is below 1 at every step: at 1 an add that dropped it would not show."""
+    block, clipping, accumulate_on = gc.CASES[case]
+    monkeypatch.setattr(d, "ZenFlowAdamW", Recorded)
+    monkeypatch.setattr(Recorded, "made", [])
+    run = d.train_run("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, accumulate_on=accumulate_on)
+    (opt,) = Recorded.made
+    assert opt.accumulate_on == accumulate_on and opt.config.overlap_step == (case != "ref-zenflow-sync")
+    assert opt.selections >= 4 and run.columns_moved > 0  # the first selection and at least 3 reselections
+    assert len(opt.coefficients) == STEPS and None not in opt.coefficients
+    if accumulate_on == "device":
+        assert max(opt.coefficients) < 0.5, opt.coefficients
 
 
 @pytest.mark.parametrize("case", list(gc.CASES))
 def test_two_cpu_runs_are_bit_identical(case):
-    block, clipping = gc.CASES[case]
-    a = gc.train_case("cpu", block, clipping, STEPS, WIDTHS)
-    b = gc.train_case("cpu", block, clipping, STEPS, WIDTHS)
+    block, clipping, accumulate_on = gc.CASES[case]
+    a = gc.train_case("cpu", block, clipping, STEPS, WIDTHS, accumulate_on=accumulate_on)
+    b = gc.train_case("cpu", block, clipping, STEPS, WIDTHS, accumulate_on=accumulate_on)
     result = gc.compare(a, b)
     assert result["ok"] and result["max_abs"] == 0.0 and result["elements_outside"] == 0
 
 
 def test_a_run_on_one_different_batch_is_flagged():
-    block, clipping = gc.CASES["ref-zenflow-overlap"]
+    block, clipping, _ = gc.CASES["ref-zenflow-overlap"]
     batches = gc.make_batches(WIDTHS, STEPS, seed=0)
     ref = gc.train_case("cpu", block, clipping, STEPS, WIDTHS, batches=batches)
     batches[10] = gc.make_batches(WIDTHS, 1, seed=99)[0]
@@ -59,7 +89,7 @@ def test_a_run_on_one_different_batch_is_flagged():
 
 def test_rows_overwritten_once_like_a_stream_race_are_flagged():
     """What audit item 1 predicts a race does: ~100 rows of a weight get another weight's values at one step."""
-    block, clipping = gc.CASES["ref-offload"]
+    block, clipping, _ = gc.CASES["ref-offload"]
     ref = gc.train_case("cpu", block, clipping, STEPS, WIDTHS)
     model = gc.SmallNet(WIDTHS, seed=0)
     opt = ZenFlowAdamW(model.parameters(), zenflow=copy.deepcopy(block), gradient_clipping=clipping, **gc.DIFF_HYPER)
@@ -81,20 +111,22 @@ def test_rows_overwritten_once_like_a_stream_race_are_flagged():
     assert not result["ok"] and result["max_ratio"] > 10
 
 
-def test_rounding_level_noise_stays_well_inside_the_tolerance():
+@pytest.mark.parametrize("case", ["ref-zenflow-overlap", "ref-zenflow-da-overlap"])
+def test_rounding_level_noise_stays_well_inside_the_tolerance(case):
     """The CPU twin of what separates a GPU run from a CPU run: every input and target perturbed by ~16 ulp (more
     than a different summation order gives) on the GPU-sized model. It must stay far inside the tolerance, or the
-    differential would flag hardware instead of bugs."""
-    block, clipping = gc.CASES["ref-zenflow-overlap"]
+    differential would flag hardware instead of bugs (the device-accumulation case clips every step)."""
+    block, clipping, accumulate_on = gc.CASES[case]
     gen = torch.Generator().manual_seed(5)
 
     def ulps(t: torch.Tensor) -> torch.Tensor:
         return t * (1 + 16 * 2**-23 * torch.randn(t.shape, generator=gen))
 
     batches = gc.make_batches(gc.CUDA_WIDTHS, STEPS, seed=0)
-    ref = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, batches=batches)
+    ref = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, batches=batches, accumulate_on=accumulate_on)
     noisy = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, batches=[(ulps(x), ulps(y))
-                                                                                   for x, y in batches])
+                                                                                   for x, y in batches],
+                          accumulate_on=accumulate_on)
     result = gc.compare(ref, noisy)
     assert 0 < result["max_abs"] and result["max_ratio"] < 0.25, result
 
@@ -109,3 +141,31 @@ def test_compare_uses_the_stated_tolerance_and_rejects_nan():
     assert not gc.compare(ref, {"w": torch.tensor([1.0, float("nan"), 0.0])})["ok"]
     with pytest.raises(ValueError, match="different tensors"):
         gc.compare(ref, {"v": ref["w"]})
+
+
+# ---- device accumulation's CUDA add, on the CPU (no CPU-device run reaches it) -------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cuda_add_of_device_accumulation_is_the_hosts_accumulation(dtype):
+    """add_on_device_ on CPU tensors against host.accumulate_into_: the interval's first gradient scaled, later ones
+    added with their own clipping coefficient, each within a rounding (torch's add_ may not fuse on the CPU)."""
+    gen = torch.Generator().manual_seed(3)
+    grads = [torch.randn(64, 48, generator=gen).to(dtype) for _ in range(3)]
+    on_device, on_host = torch.empty(64, 48), torch.empty(64, 48)
+    for i, (grad, scale) in enumerate(zip(grads, (0.37, 0.52, 0.81))):
+        da.add_on_device_(on_device, grad, scale, first=i == 0)
+        accumulate_into_(on_host, grad, scale, first=i == 0)
+        torch.testing.assert_close(on_device, on_host, rtol=2**-21, atol=2**-20)  # a few ulp of values ~1-4
+
+
+def test_the_device_accumulation_case_through_the_cuda_add_trains_what_the_cpu_device_trains():
+    """The GPU check's device-accumulation case on the CPU, with every add made by add_on_device_ (the CUDA path's
+    arithmetic) instead of the CPU device's accumulate_into_: within the differential's tolerance of the CPU run.
+    Its clipping coefficient is below 1 at every step, so a coefficient dropped in the CUDA add is far outside."""
+    block, clipping, accumulate_on = gc.CASES["ref-zenflow-da-overlap"]
+    assert accumulate_on == "device"
+    with gc.fp32_matmuls():
+        on_cpu = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, accumulate_on=accumulate_on)
+        with mock.patch.object(da, "accumulate_into_", da.add_on_device_):  # _add_'s CPU branch, rerouted
+            through_cuda_add = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, accumulate_on=accumulate_on)
+    result = gc.compare(on_cpu, through_cuda_add)
+    assert result["ok"], result

@@ -31,14 +31,15 @@ def test_maxima_are_reported_per_kind():
 
 
 def test_a_run_counts_its_host_updates_and_the_columns_it_moved():
-    block, clipping = d.CASES["ref-zenflow-sync"]  # topk 0.25, U 3, warm-up 2, reselection at steps 2 and 8
+    block, clipping, _ = d.CASES["ref-zenflow-sync"]  # topk 0.25, U 3, warm-up 2, reselection at steps 2 and 8
     run = d.train_run("cpu", block, clipping, steps=9)
     # warm-up: 2 host updates; boundaries at steps 4 and 7 (U 3 from the selection at step 2); step 8 (after the
     # reselection, which found nothing left to drain) accumulates once more, and close() applies it
     assert run.host_updates == 2 + 2 + 1
     # first selection at step 2: k = 24 + 48 + 48 columns leave the host; the one at step 8 moves more
     assert run.columns_moved > 120 and d.train_run("cpu", block, clipping, steps=8).columns_moved == 120
-    offload = d.train_run("cpu", *d.CASES["ref-offload"], steps=STEPS)
+    block, clipping, _ = d.CASES["ref-offload"]
+    offload = d.train_run("cpu", block, clipping, steps=STEPS)
     assert (offload.host_updates, offload.columns_moved) == (STEPS, 0)  # every step, nothing ever selected
 
 
@@ -50,7 +51,10 @@ def test_the_cpu_self_check_reports_every_case_with_its_paths():
     assert stress["clipping"] == 0.0 and stress["backlog_cycles"] == 0  # no spin kernel without CUDA
     assert all(r["host_updates"][0] == r["host_updates"][1] > 0 for r in rows)
     assert {r["case"]: r["columns_moved"][0] > 0 for r in rows} == {
-        "ref-offload": False, "ref-zenflow-sync": True, "ref-zenflow-overlap": True, d.STRESS: True}
+        "ref-offload": False, "ref-zenflow-sync": True, "ref-zenflow-overlap": True, "ref-zenflow-da-overlap": True,
+        d.STRESS: True}
+    assert {r["case"]: r["accumulate_on"] for r in rows} == {name: case[2] for name, case in d.CASES.items()} | {
+        d.STRESS: "host"}
     assert [c["outcome"] for c in check["controls"]] == ["not run"] * len(d.CONTROLS)
 
 
@@ -65,6 +69,18 @@ def test_the_verdict_needs_every_case_inside_the_tolerance_on_the_same_paths_and
     res = d.differential_verdict([other_path], failed)
     assert res["status"] == "fail" and "host updates differ (3 vs 2)" in res["reason"]
     assert d.self_check_verdict([other_path], [])["status"] == "fail"
+
+
+def test_the_self_check_fails_on_cpu_runs_that_differ_even_within_the_tolerance():
+    """CPU vs CPU must be bit-identical: 1e-6 apart on the same paths is inside the tolerance (row_problems finds
+    nothing), and is still the non-determinism the self-check exists to report."""
+    ref = {"w": torch.ones(2, 2), "<losses>": torch.ones(2)}
+    apart = d.case_row("a", ("cpu", "cpu"), 2, d.Trained(ref, 3, 4), d.Trained(ref | {"w": ref["w"] + 1e-6}, 3, 4))
+    assert apart["ok"] and d.row_problems(apart) == []
+    res = d.self_check_verdict([apart], [])
+    assert res["status"] == "fail" and "NOT equal: the CPU run is not deterministic" in res["reason"]
+    equal = d.case_row("a", ("cpu", "cpu"), 2, d.Trained(ref, 3, 4), d.Trained(dict(ref), 3, 4))
+    assert d.self_check_verdict([equal], [])["status"] == "not checked"
 
 
 def test_a_broken_link_method_is_replaced_for_one_run_only():
@@ -86,7 +102,7 @@ def test_the_gpu_path_runs_every_case_and_both_controls(monkeypatch):
 
     def on_cpu(device, *args, **kwargs):
         seen.append((device, kwargs.get("backlog_cycles", 0)))
-        return real("cpu", *args[:3], widths=d.SMALL_WIDTHS)
+        return real("cpu", *args[:3], widths=d.SMALL_WIDTHS, accumulate_on=kwargs.get("accumulate_on", "host"))
 
     monkeypatch.setattr(d, "train_run", on_cpu)
     monkeypatch.setattr(d, "broken_link", lambda method, variant: broken(method, getattr(Link, method)))

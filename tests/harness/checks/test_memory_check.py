@@ -53,6 +53,17 @@ def test_verdict_fails_when_the_control_stays_within_the_bound():
     assert [c["outcome"] for c in res["controls"]] == ["passed"]
 
 
+def test_a_control_barely_above_sync_cannot_vouch_for_the_bounded_run():
+    """The control must exceed the bound, not merely sync: a metric that sees 50 MiB of several sets in flight is
+    nearly blind. Exactly at the bound is not above it either; one byte over is."""
+    for unbounded in (650 * MiB, 984 * MiB):  # 50 MiB above sync; exactly the bound above sync
+        res = mc.memory_verdict(600 * MiB, 700 * MiB, 384 * MiB, unbounded)
+        assert res["status"] == "fail" and "negative control passed" in res["reason"]
+        assert [c["outcome"] for c in res["controls"]] == ["passed"]
+    res = mc.memory_verdict(600 * MiB, 700 * MiB, 384 * MiB, 984 * MiB + 1)
+    assert res["status"] == "pass" and [c["outcome"] for c in res["controls"]] == ["failed as expected"]
+
+
 def test_the_slow_copy_hook_wraps_one_link_and_restores_it():
     model = SmallNet((8, 8, 8), seed=0)
     opt = ZenFlowAdamW(model.parameters(), zenflow={"topk_ratio": 0.25, "update_interval": 1})

@@ -38,17 +38,23 @@ RTOL, ATOL = 1e-4, 1e-5
 DIFF_HYPER = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
 ZENFLOW_CASE = {"topk_ratio": 0.25, "update_interval": 3, "select_interval": 6, "full_warm_up_rounds": 2,
                 "select_strategy": "step"}  # reselects at steps 2, 8, 14, 20 of 24
-CASES: dict[str, tuple[dict[str, Any], float]] = {  # name: (zenflow block, gradient clipping)
-    "ref-offload": ({"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, "overlap_step": False}, 0.0),
-    "ref-zenflow-sync": ({**ZENFLOW_CASE, "overlap_step": False}, 1.0),
-    "ref-zenflow-overlap": ({**ZENFLOW_CASE, "overlap_step": True}, 1.0),
+# name: (zenflow block, gradient clipping, ZenFlowAdamW's accumulate_on keyword: the block refuses that key)
+CASES: dict[str, tuple[dict[str, Any], float, str]] = {
+    "ref-offload": ({"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, "overlap_step": False}, 0.0,
+                    "host"),
+    "ref-zenflow-sync": ({**ZENFLOW_CASE, "overlap_step": False}, 1.0, "host"),
+    "ref-zenflow-overlap": ({**ZENFLOW_CASE, "overlap_step": True}, 1.0, "host"),
+    # Device accumulation (the CUDA add of device_accumulation.add_on_device_, which no CPU run reaches). Clipping
+    # 0.25 is below every step's gradient norm here (0.6-0.85; 1.0 never clips), so every add has a coefficient < 1:
+    # an add that dropped it ends 54-79x the tolerance away on the CPU (tests/harness/checks/test_cuda_differential.py).
+    "ref-zenflow-da-overlap": ({**ZENFLOW_CASE, "overlap_step": True}, 0.25, "device"),
 }
 SMALL_WIDTHS = (96, 192, 192, 96)
 # On a GPU the differential's model is wider (≈1.3M parameters): copies long enough for a race to have room.
 CUDA_WIDTHS = (256, 1024, 1024, 256)
 # The stress case: overlap without clipping, on 4096-wide layers on CUDA (≈25M parameters), with a compute backlog.
 STRESS = "ref-zenflow-stress"
-STRESS_CASE = ({**ZENFLOW_CASE, "overlap_step": True}, 0.0)
+STRESS_CASE = ({**ZENFLOW_CASE, "overlap_step": True}, 0.0, "host")
 STRESS_WIDTHS = (1024, 4096, 4096, 1024)
 # torch.cuda._sleep spins this many GPU clock cycles (H100: 1.6-2.0 GHz). Backlog: ~3 ms of compute queued per step
 # before the optimizer. Slow link: ~10 ms before each copy of a negative control, so the side stream is far behind.
@@ -114,14 +120,16 @@ def _moved(before: list[torch.Tensor], after: list[torch.Tensor]) -> int:
 
 def train_run(device: str, block: dict[str, Any], clipping: float, steps: int = 24,
               widths: tuple[int, ...] = SMALL_WIDTHS, seed: int = 0, batches: list | None = None,
-              backlog_cycles: int = 0) -> Trained:
+              backlog_cycles: int = 0, accumulate_on: str = "host") -> Trained:
     """Train SmallNet with ZenFlowAdamW on `device`. The loop adds no sync of its own (losses stay on the device
     until the end), so copies and compute run as asynchronously as the optimizer lets them: a race has room to
     show. `backlog_cycles` (CUDA): a spin kernel queued on the compute stream after backward, before the optimizer,
-    so the optimizer's copies and uploads are issued while compute is that far behind."""
+    so the optimizer's copies and uploads are issued while compute is that far behind. `accumulate_on`: the
+    optimizer's keyword (a case's third field)."""
     model = SmallNet(widths, seed).to(device)
     data = [(x.to(device), y.to(device)) for x, y in (batches or make_batches(widths, steps, seed))]
-    opt = ZenFlowAdamW(model.parameters(), zenflow=copy.deepcopy(block), gradient_clipping=clipping, **DIFF_HYPER)
+    opt = ZenFlowAdamW(model.parameters(), zenflow=copy.deepcopy(block), gradient_clipping=clipping,
+                       accumulate_on=accumulate_on, **DIFF_HYPER)
     losses, moved, owners = [], 0, _host_columns(opt)
     try:
         for x, y in data:
@@ -143,9 +151,9 @@ def train_run(device: str, block: dict[str, Any], clipping: float, steps: int = 
 
 def train_case(device: str, block: dict[str, Any], clipping: float, steps: int = 24,
                widths: tuple[int, ...] = SMALL_WIDTHS, seed: int = 0,
-               batches: list | None = None) -> dict[str, torch.Tensor]:
+               batches: list | None = None, accumulate_on: str = "host") -> dict[str, torch.Tensor]:
     """train_run's tensors: parameters (after close(), which applies every pending host update) and losses."""
-    return train_run(device, block, clipping, steps, widths, seed, batches).tensors
+    return train_run(device, block, clipping, steps, widths, seed, batches, accumulate_on=accumulate_on).tensors
 
 
 # ---- comparison ---------------------------------------------------------------------------------------------------
@@ -267,11 +275,11 @@ def broken_link(method: str, variant: Callable) -> Iterator[None]:
 def negative_controls(steps: int, cpu_runs: dict[str, Trained]) -> tuple[list[dict], list[dict]]:
     """CUDA: each control trains CONTROL_CASE with one ordering removed; it must come out outside the tolerance
     against the CPU run of the same case. Returns (controls, their rows)."""
-    block, clipping = CASES[CONTROL_CASE]
+    block, clipping, accumulate_on = CASES[CONTROL_CASE]
     controls, rows = [], []
     for name, (method, variant) in CONTROLS.items():
         with broken_link(method, variant):
-            raced = train_run("cuda", block, clipping, steps, CUDA_WIDTHS)
+            raced = train_run("cuda", block, clipping, steps, CUDA_WIDTHS, accumulate_on=accumulate_on)
         row = case_row(f"control: {name}", ("cuda", "cpu"), steps, raced, cpu_runs[CONTROL_CASE])
         rows.append(row)
         controls.append(control(name, not row["ok"], f"{CONTROL_CASE} with Link.{method} broken: max diff / "
@@ -283,12 +291,14 @@ def negative_controls(steps: int, cpu_runs: dict[str, Trained]) -> tuple[list[di
 def run_cases(devices: tuple[str, str], steps: int, cuda: bool) -> tuple[list[dict], dict[str, Trained]]:
     """Every case (and the stress case) on both devices; the rows and the second device's runs by case."""
     widths = CUDA_WIDTHS if cuda else SMALL_WIDTHS
-    cases = {name: (block, clipping, widths, 0) for name, (block, clipping) in CASES.items()}
+    cases = {name: (*case, widths, 0) for name, case in CASES.items()}
     cases[STRESS] = (*STRESS_CASE, STRESS_WIDTHS if cuda else SMALL_WIDTHS, BACKLOG_CYCLES if cuda else 0)
     rows, second = [], {}
-    for name, (block, clipping, w, backlog) in cases.items():
-        a, b = (train_run(d, block, clipping, steps, w, backlog_cycles=backlog) for d in devices)
-        rows.append(case_row(name, devices, steps, a, b, widths=list(w), clipping=clipping, backlog_cycles=backlog))
+    for name, (block, clipping, accumulate_on, w, backlog) in cases.items():
+        a, b = (train_run(d, block, clipping, steps, w, backlog_cycles=backlog, accumulate_on=accumulate_on)
+                for d in devices)
+        rows.append(case_row(name, devices, steps, a, b, widths=list(w), clipping=clipping, backlog_cycles=backlog,
+                             accumulate_on=accumulate_on))
         second[name] = b
     return rows, second
 
