@@ -36,6 +36,7 @@ from zenflow.harness.checks import arguments as cc  # noqa: E402
 from zenflow.harness.checks.preflight import torch_extensions_dir  # noqa: E402
 from zenflow.harness.engines.registry import is_deepspeed  # noqa: E402
 from zenflow.harness.window import Window, WindowClosed  # noqa: E402
+from zenflow.telemetry.environment import git_commit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ROOT / ".whl"
@@ -191,7 +192,7 @@ def window(args: argparse.Namespace) -> int:
     work = args.work
     if not args.resume and work.exists():
         shutil.rmtree(work)  # a fresh window: nothing of an earlier one in the archive
-    commit = _git_commit()
+    commit = git_commit()
     scenario = work / scenario_name(args)
     w = Window(work, args.out, args.budget_s, {"commit": commit, "scenario": scenario.name,
                                                "rehearsal": args.rehearsal, "layers": args.layers})
@@ -267,18 +268,6 @@ def _complete(record: Path) -> bool:
         return json.loads(record.read_text()).get("complete") is True
     except (OSError, ValueError):
         return False
-
-
-def _git_commit() -> str | None:
-    """The checkout's commit, or $ZENFLOW_GIT_COMMIT where .git did not travel."""
-    try:
-        done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
-        if done.returncode == 0 and (ROOT / ".git").exists():
-            return done.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return os.environ.get("ZENFLOW_GIT_COMMIT") or None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.warmup_steps + args.timed_steps
     estimates = {n.engine: n.run_s(steps) for n in needs}
     return execute(out, plan(args, skips, estimates), cc.command_line("reproduce/llama7b.py", argv), report,
-                   resume=args.resume, deadline_s=None if args.until is None else args.until - time.time())
+                   resume=args.resume, until=args.until)
 
 
 def cores_ablation_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -46,7 +46,7 @@ def test_a_plan_under_a_deadline_runs_what_fits_and_skips_the_rest_out_of_time(t
     spec = lambda e: RunSpec(engine=e, label="t", workload={}, ds_config={})  # noqa: E731
     plan = [plans.PlannedRun(f"{e}.json", spec(e), estimate_s=0.1) for e in ("ref-zenflow", "ref-offload", "x-3")]
     # each run takes 0.3 s where the plan said 0.1: after the first, the others are expected at 0.3 s
-    code = plans.execute(tmp_path, plan, "cmd", lambda records, out: None, deadline_s=0.5)
+    code = plans.execute(tmp_path, plan, "cmd", lambda records, out: None, until=time.time() + 0.5)
     assert code == 0  # skipped is complete: the set moves into place
     records = {r.engine: r for r in read_records(tmp_path)}
     assert records["ref-zenflow"].status == "ok" and records["x-3"].status == "skipped"

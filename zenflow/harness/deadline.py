@@ -26,10 +26,6 @@ class Deadline:
     estimates: dict[str, float] = field(default_factory=dict)
     done: list[tuple[float | None, float]] = field(default_factory=list)  # (estimated, measured) per run done
 
-    @classmethod
-    def after(cls, seconds: float, estimates: dict[str, float] | None = None) -> Deadline:
-        return cls(time.time() + seconds, dict(estimates or {}))
-
     def correction(self) -> float:
         """Measured over estimated seconds of the runs done that had an estimate (1 before any)."""
         pairs = [(e, m) for e, m in self.done if e]

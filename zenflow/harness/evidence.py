@@ -34,8 +34,10 @@ def _sha256(data: bytes) -> str:
 
 
 def _files(folder: Path) -> list[Path]:
-    """Every plain file under `folder` but temporaries (atomic writes in progress: `.name.tmp`, `*.tmp`)."""
-    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))
+    """Every plain file under `folder` but temporaries of atomic writes in progress: `*.tmp`, and the hidden
+    `.name.XXXX` of tables.write_atomic (no file the window keeps is hidden; a hidden folder, `.partial/`, is kept)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".tmp")
+                  and not p.name.startswith("."))
 
 
 def pack(folder: Path, archive: Path, info: dict[str, Any]) -> dict[str, Any]:

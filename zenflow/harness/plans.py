@@ -45,14 +45,13 @@ def report_existing(out: Path, report: Report) -> str | None:
 
 
 def execute(out: Path, plan: list[PlannedRun], command: str, report: Report, resume: bool = False,
-            bad_input: tuple[str, ...] = (), deadline_s: float | None = None) -> int:
+            bad_input: tuple[str, ...] = (), until: float | None = None) -> int:
     """Run the plan; exit status 0 (every run ok or skipped: the records now form `out`'s result set), 1 (failed
     runs: `out` as it was, records and report in `.partial/`), 2 (bad input found by a child) or 130 (interrupted;
-    --resume continues). `deadline_s`: a run starts only when its estimate, corrected by the runs done, ends within
-    that many seconds from now; the others get a skipped "out of time" record (deadline.py)."""
+    --resume continues). `until` (a time.time()): a run starts only when its estimate, corrected by the runs done, ends
+    before it; the others get a skipped "out of time" record (deadline.py)."""
     staged = StagedPlan(out, [run.name for run in plan], command=command)
-    deadline = None if deadline_s is None else Deadline.after(
-        deadline_s, {run.name: run.estimate_s for run in plan if run.estimate_s})
+    deadline = None if until is None else Deadline(until, {run.name: run.estimate_s for run in plan if run.estimate_s})
     previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the current child too, as Ctrl-C does
     try:
         records = [_run_one(staged, run, i, len(plan), resume, bad_input, deadline) for i, run in enumerate(plan)]

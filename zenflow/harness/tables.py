@@ -62,6 +62,18 @@ def write_csv(rows: Sequence[Any], path: Path, header: Sequence[str] | None = No
     return write_atomic(path, write, newline="")  # the csv module ends its lines itself ("\r\n")
 
 
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """A table.csv's rows as write_csv wrote them: numbers as floats, empty cells None, other text as it is."""
+    def value(text: str) -> Any:
+        try:
+            return float(text)
+        except ValueError:
+            return text or None
+
+    with open(path, newline="") as f:
+        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def write_atomic(path: Path, write: Callable[[Any], None], mode: str = "w", newline: str | None = None) -> Path:
     """Atomic: a reader (or a command killed mid-write) sees the old file or the whole new one: `write(f)` fills a
     temporary file in the same folder (opened in `mode`, "wb" for bytes; `newline` as open() takes it), flushed to

@@ -11,7 +11,6 @@ skipped row. Adding a claim: a result set with its table (reproduce/), then one 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import string
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from zenflow.costmodel.model import transfer_bytes
-from zenflow.harness.tables import compact_markdown, write_text_atomic
+from zenflow.harness.tables import compact_markdown, read_csv, write_text_atomic
 from zenflow.reports.gpu_claims import gpu_section
 from zenflow.reports.intervals import ratio_cell, row_interval
 
@@ -44,13 +43,6 @@ class ClaimError(RuntimeError):
     """A claim cannot be made from the committed files (one is missing, or not among the claim's files)."""
 
 
-def _value(text: str) -> Any:
-    try:
-        return float(text)
-    except ValueError:
-        return text if text else None
-
-
 class Files:
     """The committed files of one claim: only those it declares can be read, and a missing one is an error."""
 
@@ -67,8 +59,7 @@ class Files:
 
     def csv(self, name: str) -> list[dict[str, Any]]:
         """Rows of a CSV table, numbers as floats, empty cells None."""
-        with open(self.path(name), newline="") as f:
-            return [{k: _value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        return read_csv(self.path(name))
 
     def by(self, name: str, key: str) -> dict[Any, dict[str, Any]]:
         return {row[key]: row for row in self.csv(name)}

@@ -5,12 +5,11 @@ the window's facts; with no GPU set committed, one line says so and names the co
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.tables import compact_markdown
+from zenflow.harness.tables import compact_markdown, read_csv
 from zenflow.reports.intervals import ratio_cell, row_interval
 
 HEADERS = ("GPU set", "ref-zenflow over DeepSpeed ZeRO-Offload", "DeepSpeed's ZenFlow over ZeRO-Offload",
@@ -27,17 +26,6 @@ def gpu_sets(root: Path) -> list[Path]:
                   if not p.parent.parent.name.startswith("cpu-scale"))
 
 
-def _csv(path: Path) -> list[dict[str, Any]]:
-    def value(text: str) -> Any:
-        try:
-            return float(text)
-        except ValueError:
-            return text or None
-
-    with open(path, newline="") as f:
-        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
 def _window(folder: Path, root: Path) -> dict[str, Any]:
     """The window's facts and phases, filed by --publish beside the gpu-check record of the same hardware."""
     window = root / "gpu-check" / folder.parent.name / "window"
@@ -47,8 +35,8 @@ def _window(folder: Path, root: Path) -> dict[str, Any]:
 
 
 def gpu_row(folder: Path, root: Path) -> list[str]:
-    rows = {r["engine"]: r for r in _csv(folder / "table.csv")}
-    ratios = {(r["numerator"], r["denominator"]): r["cell"] for r in _csv(folder / "ratios.csv")} \
+    rows = {r["engine"]: r for r in read_csv(folder / "table.csv")}
+    ratios = {(r["numerator"], r["denominator"]): r["cell"] for r in read_csv(folder / "ratios.csv")} \
         if (folder / "ratios.csv").is_file() else {}
 
     def speedup(engine: str) -> str:

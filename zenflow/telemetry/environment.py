@@ -66,6 +66,11 @@ def _git(repo: Path = _REPO) -> dict[str, Any]:
     return {"commit": head.stdout.strip() or None, "dirty": dirty, "error": head.stderr.strip() or None}
 
 
+def git_commit(repo: Path = _REPO) -> str | None:
+    """The checkout's HEAD commit, or $ZENFLOW_GIT_COMMIT where the tree was copied without .git; else None."""
+    return _git(repo)["commit"]
+
+
 @functools.lru_cache(maxsize=1)
 def _deepspeed() -> tuple[tuple[str, Any], ...]:
     # A real import, not package metadata, so a broken install shows here. It takes ~2 s and prints an accelerator

@@ -105,12 +105,10 @@ def run_engines(plan: list, out: Path, cuda: bool, timeout_s: float = 300,
     """Each run in a fresh process (zenflow.harness.runner); DeepSpeed engines say "not installed" without it.
     `timeout_s` per run: a hung run becomes a failed record, not a hung check. `on_row(rows)` after every run (the
     command saves its record there, so a kill mid-check keeps the finished runs)."""
-    if not plan:
-        return check("engines", "not checked", "no runs planned"), []
     have_ds = importlib.util.find_spec("deepspeed") is not None
     # The model (zenflow/harness/workloads.py): without it every run would fail alike. Not the tokenizer's
     # sentencepiece and mistral-common: without them the runs train on UTF-8 bytes and their records say so.
-    lacking = [m for m in ("transformers",) if importlib.util.find_spec(m) is None]
+    lacking = [] if importlib.util.find_spec("transformers") else ["transformers"]
     rows: list[dict] = []
     for engine, workload, steps in plan:
         shape = f"h{workload.get('hidden', 512)}x{workload.get('layers', 8)}"
