@@ -106,7 +106,8 @@ def test_publish_gives_the_tables_and_refuses_a_cpu_set_in_results(rehearsal, tm
     assert "(skipped: out of time)" in table and "Host ceiling" in table
     assert (tmp_path / "llama7b" / hw / "smoke" / "host" / "rates.json").is_file()
     remake_llama(tmp_path / "llama7b" / hw / "smoke", tmp_path / "remade")  # what the committed-table test does
-    assert (tmp_path / "gpu-check" / hw / "figure.png").stat().st_size > 0
+    png = (tmp_path / "gpu-check" / hw / "figure.png").read_bytes()
+    assert int.from_bytes(png[16:20], "big") == 7 * 120  # no engine ran: the differential alone, no empty panel
     assert (tmp_path / "gpu-check" / hw / "window" / "phases.json").is_file()
     # the claims page's GPU rows read such a set, and only a GPU's (a cpu-scale id is never one of them)
     assert "no GPU set committed yet" in gpu_section(tmp_path)

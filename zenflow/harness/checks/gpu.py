@@ -286,31 +286,39 @@ def markdown(record: dict[str, Any]) -> str:
 
 def figure(record: dict[str, Any], path: Path) -> None:
     """Left: compute / I/O / stall per engine. Right: the differential's worst difference per case vs the
-    tolerance, per kind (column params, dense params, losses) where the record has them."""
+    tolerance, per kind (column params, dense params, losses) where the record has them. Without engine runs
+    (gpu_window.py runs checks 1-4 only) the differential alone, not an empty panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     ok = [r for r in record["engines"] if r["status"] == "ok" and r.get("cycle_mean_ms")]
+    if ok:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+        _engines_panel(left, ok, next((c.get("scale") for c in record["checks"] if c["name"] == "engines"), "?"))
+    else:
+        fig, right = plt.subplots(figsize=(7, 4.2))
+    _differential_panel(right, record["differential"])
+    fig.suptitle(f"gpu-check — {record['environment']['hardware_id']}{'' if ok else ' (no engine runs)'}",
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _engines_panel(ax: Any, ok: list[dict[str, Any]], scale: str) -> None:
     names = [f"{r['engine']}\n{r['shape']}" for r in ok]
     bottom = [0.0] * len(ok)
     for key, color, label in (("compute_ms", "#4C72B0", "compute"), ("io_ms", "#DD8452", "exposed I/O"),
                               ("stall_ms", "#C44E52", "stall")):
         vals = [r.get(key) or 0.0 for r in ok]
-        left.bar(names, vals, bottom=bottom, color=color, label=label)
+        ax.bar(names, vals, bottom=bottom, color=color, label=label)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    left.set_ylabel("ms per step (mean over whole update cycles)")
-    scale = next((c.get("scale") for c in record["checks"] if c["name"] == "engines"), "?")
-    left.set_title(f"Engines ({scale})", fontsize=10)
-    left.legend(fontsize=8, frameon=False)
-    left.tick_params(axis="x", labelsize=7)
-    _differential_panel(right, record["differential"])
-    fig.suptitle(f"gpu-check — {record['environment']['hardware_id']}", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    ax.set_ylabel("ms per step (mean over whole update cycles)")
+    ax.set_title(f"Engines ({scale})", fontsize=10)
+    ax.legend(fontsize=8, frameon=False)
+    ax.tick_params(axis="x", labelsize=7)
 
 
 def _differential_panel(ax: Any, diff: list[dict[str, Any]]) -> None:
