@@ -278,6 +278,12 @@ def _commit_date(folder: Path, commit: str | None) -> datetime | None:
     return datetime.fromisoformat(date) if date else None
 
 
+def commit_date(folder: Path, commit: str | None) -> str | None:
+    """The day (YYYY-MM-DD) of a commit, from git in `folder`; None where git cannot say."""
+    date = _commit_date(folder, commit)
+    return date.date().isoformat() if date else None
+
+
 def taken(path: Path, stamp: str | None, environment: dict[str, Any], committed: dict[str, datetime]) -> Span:
     """When a record or calibration was taken: its `taken_at`; without one (made before issue 26), between the date
     of the commit it ran at (its environment's git commit) and the date its file was committed (git)."""
