@@ -35,4 +35,5 @@ def remake_llama(folder: Path, tmp_path: Path) -> None:
         (tmp_path / host_ceiling.FILE).parent.mkdir()
         shutil.copyfile(rates, tmp_path / host_ceiling.FILE)
     scenario_report(read_records(folder), tmp_path, NO_ENV)
-    same_files(folder, tmp_path, ("table.md", "table.csv", "ratios.csv", "convergence.md", "convergence.csv"))
+    same_files(folder, tmp_path, ("table.md", "table.csv", "ratios.csv", "convergence.md", "convergence.csv",
+                                   "step-trace.csv"))

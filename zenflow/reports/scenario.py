@@ -14,8 +14,9 @@ from zenflow.harness.deadline import OUT_OF_TIME
 from zenflow.harness.engines.registry import ASKED, ENGINE_SPECS, engine_names, zenflow_engines
 from zenflow.harness.memory_plan import NEEDS
 from zenflow.harness.records import RunRecord, skip_reason
-from zenflow.harness.tables import MISSING, fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
+from zenflow.harness.tables import MISSING, fmt, markdown, write_csv, write_text_atomic
 from zenflow.reports.convergence import convergence_report
+from zenflow.reports.headline_figure import BASELINE, headline_figure  # BASELINE: every engine's speedup
 from zenflow.reports.intervals import (
     Interval,
     columns,
@@ -25,11 +26,11 @@ from zenflow.reports.intervals import (
     ratio_interval,
     row_interval,
 )
+from zenflow.reports.step_trace import step_trace_report
 from zenflow.telemetry.environment import hardware_label
 from zenflow.telemetry.machine_load import BUSY_BOUND
 from zenflow.telemetry.machine_load import busy as machine_busy
 
-BASELINE = "ds-zero-offload"  # every engine's speedup; a ZenFlow engine's stall: its row's stall_baseline
 COLUMNS = ("engine", "runs", "median step ms", "cycle mean ms", "95% interval", "accumulate step ms",
            "update step ms", "compute ms", "I/O ms", "stall ms", "speedup vs ds-zero-offload [95%]", "stall reduction",
            "bytes/step ÷ model bytes", "final loss")
@@ -176,42 +177,6 @@ def _interval(row: dict[str, Any], key: str) -> str:
     return interval_cell(row_interval(row, key, f"{key}_ms")) if row["runs"] else MISSING
 
 
-def figure(rows: list[dict[str, Any]], path: Path, title: str, subtitle: str) -> None:
-    """The paper's Figure 1 style: stacked compute / I/O / stall bars per engine, speedup and stall reduction
-    written on the bars."""
-    plt = pyplot()
-    shown = [r for r in rows if r["cycle_mean_ms"] or r.get("note")]  # not run: an empty slot that says why
-    names = [r["engine"] for r in shown]
-    compute = [r["compute_ms"] or 0 for r in shown]
-    io = [r["io_ms"] or 0 for r in shown]
-    stall = [r["stall_ms"] or 0 for r in shown]
-    fig, ax = plt.subplots(figsize=(1.6 * len(shown) + 2.5, 4.6))
-    colors = {"compute": "#4C72B0", "io": "#DD8452", "stall": "#C44E52"}
-    ax.bar(names, compute, color=colors["compute"], label="compute (fwd + bwd + device update)")
-    ax.bar(names, io, bottom=compute, color=colors["io"], label="exposed I/O")
-    ax.bar(names, stall, bottom=[c + i for c, i in zip(compute, io)], color=colors["stall"],
-           label="stall (waiting for the host optimizer; DeepSpeed: incl. I/O)")
-    top = max(r["cycle_mean_ms"] or 0 for r in shown)
-    for i, r in enumerate(shown):
-        if not r["cycle_mean_ms"]:
-            ax.text(i, top * 0.02, r["note"], ha="center", va="bottom", fontsize=9, rotation=90, color="0.4")
-            continue
-        notes = []
-        if r.get("speedup"):
-            notes.append(f"{r['speedup']:.2f}×")
-        if r.get("stall_reduction") is not None:
-            notes.append(f"stall −{100 * r['stall_reduction']:.0f}%")
-        ax.text(i, r["cycle_mean_ms"] * 1.02, "\n".join(notes), ha="center", va="bottom", fontsize=9,
-                fontweight="bold")
-    ax.set_ylabel("time per step, ms (mean over whole update cycles)")
-    ax.set_ylim(0, top * 1.25)
-    ax.set_title(f"{title}\n{subtitle}", fontsize=10)
-    ax.legend(fontsize=8, loc="upper right", frameon=False)
-    ax.spines[["top", "right"]].set_visible(False)
-    plt.xticks(fontsize=9)
-    save_figure(fig, path)
-
-
 RANKS = "ranks per run, each on its shard of every batch: torchrun for ours, the DeepSpeed launcher for ds-*"
 
 
@@ -243,9 +208,10 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
     write_csv(rows, out / "table.csv")
     write_csv(ratios, out / "ratios.csv")
     convergence_report(timed, {r["engine"]: r for r in rows}, out, label)  # loss against wall time (issue 24)
-    if any(r["cycle_mean_ms"] for r in rows):
-        figure(rows, out / "figure.png", "ZenFlow vs ZeRO-Offload, Llama scenario",
-               f"{label}; {params:.0f}M params, {w.get('dtype')}, seq {w.get('seq_len')}")
+    step_trace_report(timed, out, label)  # each step's time by kind, ZenFlow against ZeRO-Offload (issue 34)
+    if any(r["cycle_mean_ms"] for r in rows):  # the paper's comparison, then the rest on their own scale
+        headline_figure(rows, timed, out / "figure.png", "ZenFlow vs ZeRO-Offload, Llama scenario",
+                        f"{label}; {params:.0f}M params, {w.get('dtype')}, seq {w.get('seq_len')}, world size {gpus}")
     print("\n".join(text))
     return "\n".join(text)
 
