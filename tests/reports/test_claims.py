@@ -167,3 +167,10 @@ def test_a_hand_typed_number_outside_the_block_is_found() -> None:
 def test_without_markers_the_readme_is_refused() -> None:
     with pytest.raises(ClaimError, match="no"):
         claims.replace_block("# no table here\n", claims.block())
+
+
+@pytest.mark.parametrize("low, verdict", [(0.4, "holds"), (0.1, "partly"), (-1.7, "does not hold"),
+                                          (None, "not measured here")])
+def test_the_hidden_share_holds_from_four_tenths(low: float | None, verdict: str) -> None:
+    high = None if low is None else low + 0.3
+    assert claim_list.hidden_verdict({"zf_hidden_low": low, "zf_hidden_high": high}) == verdict

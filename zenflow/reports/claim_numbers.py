@@ -303,3 +303,16 @@ def glue_numbers(f: Files) -> dict[str, Any]:
             "same": sum(a == b for a, b in pairs), "runs": len(pairs),
             "max_diff": max(abs(float(a) - float(b)) for a, b in pairs),
             **ran(f, f"{GLUE_XEON}/SST-2-ref-zenflow-s0.json")}
+
+
+def step_trace_numbers(f: Files) -> dict[str, Any]:
+    """The step trace (zenflow/reports/step_trace.py): update against accumulation step, and the share of the host
+    update hidden in the accumulation steps, for ref-zenflow and DeepSpeed's ZenFlow beside the example's."""
+    rows = f.by(f"{LLAMA_XEON}/step-trace.csv", "engine")
+    zf, ds, ex = rows["ref-zenflow"], rows["ds-zenflow"], rows["deepspeedexamples-readme"]
+    return {"zf_ratio": zf["update_over_accumulate"], "zf_acc": zf["accumulate_ms"], "zf_up": zf["update_ms"],
+            "zf_off": zf["offload_ms"], "zf_hidden": zf["hidden_share"], **bounds(zf, "hidden_share", "zf_hidden"),
+            "ds_ratio": ds["update_over_accumulate"], "ds_hidden": ds["hidden_share"], "ds_up": ds["update_ms"],
+            "ds_acc": ds["accumulate_ms"], "ds_off": ds["offload_ms"], "trace_runs": int(zf["runs"]),
+            "ex_ratio": ex["update_over_accumulate"], "ex_hidden": ex["hidden_share"], "ex_acc": ex["accumulate_ms"],
+            "ex_up": ex["update_ms"], "ex_off": ex["offload_ms"], **ran(f, ZF_RECORD)}
