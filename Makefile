@@ -97,6 +97,14 @@ claims: install
 reproduce-glue-study: install
 	$(PY) reproduce/glue_study.py $(ARGS)
 
+# Does "auto" find what the best fixed ZenFlow setting finds? ref-zenflow at update interval 1 2 4 8 auto, topk 0.05
+# 0.1 0.2, select interval fixed or auto, beside ref-offload and DeepSpeed's "auto", on the Llama convergence workload
+# and GLUE SST-2, 3 seeds interleaved, each workload trimmed to BUDGET minutes (default 60) estimated from the
+# committed records; resumable (results/knobs/<hw>/: knobs.md/.csv, verdict.json, figures). ARGS=--smoke: < 60 s.
+.PHONY: reproduce-knobs
+reproduce-knobs: install
+	$(PY) reproduce/knobs.py $(if $(BUDGET),--budget-min $(BUDGET)) $(ARGS)
+
 # GLUE parity: MiniLM on SST-2 and MRPC, five engines, three seeds (≈40 min on a quiet 2-core Intel Xeon; docs/glue.md).
 reproduce-glue: install
 	$(PY) reproduce/glue.py $(if $(MODEL),--model $(MODEL)) $(ARGS)

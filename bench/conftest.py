@@ -6,6 +6,9 @@
   average at the start and end of the session (other work on a shared machine).
 - Storage: `--benchmark-storage` defaults to `.benchmarks/<hardware_id>` (unless given), so runs of an H100 and of an
   A100 never land in, or get compared from, the same folder.
+- `ZENFLOW_BENCH_INTERVAL`: the ZenFlow update interval of every benchmark's block, "auto" or an integer >= 1
+  (default DeepSpeedExamples' 4); any other value is in the benchmark names (`-Uauto`), so it is never compared with
+  the default's, and a bad one is refused in one line before anything is collected.
 - Raw per-round timings are saved (`--benchmark-save-data`) and every run with benchmarks enabled is saved
   (`--benchmark-autosave`), unless `--benchmark-save` names it or ZENFLOW_BENCH_NO_SAVE=1: the compare command's
   Mann–Whitney test needs the rounds, not only their statistics.
@@ -13,12 +16,16 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from zenflow.config import ConfigError, ZenFlowConfig
+from zenflow.harness.checks.arguments import interval
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK
 from zenflow.telemetry.environment import capture_environment, visible_gpus
 
 DEFAULT_STORAGE = "file://./.benchmarks"  # pytest-benchmark's own default
@@ -87,7 +94,20 @@ def configure_benchmark_options(option: Any) -> None:
         option.benchmark_storage = f"{DEFAULT_STORAGE}/{environment()['hardware_id']}"
 
 
+def check_interval_knob() -> None:
+    """ZENFLOW_BENCH_INTERVAL (read by the benchmark modules): "auto" or an integer >= 1 that the benchmarks' blocks
+    allow (select_interval 64 bounds it); otherwise one line and pytest's usage-error exit, before any collection."""
+    value = os.environ.get("ZENFLOW_BENCH_INTERVAL")
+    if not value:
+        return
+    try:
+        ZenFlowConfig.from_dict({**DEEPSPEED_EXAMPLES_BLOCK, "update_interval": interval(value)})
+    except (argparse.ArgumentTypeError, ConfigError) as exc:
+        raise pytest.UsageError(f"ZENFLOW_BENCH_INTERVAL: {exc}") from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    check_interval_knob()
     # Runs before pytest-benchmark's own pytest_configure (trylast), which reads these options.
     configure_benchmark_options(config.option)
     _LOAD_AT_START[:] = _load_average() or []

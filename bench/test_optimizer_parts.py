@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from zenflow.device import device_update_
+from zenflow.harness.checks.arguments import interval
 from zenflow.hooks import Observers
 from zenflow.link import Link
 from zenflow.optimizer import ZenFlowAdamW
@@ -38,6 +39,9 @@ SHAPE = f"{OUT}x{IN}"
 DTYPE = torch.bfloat16
 TOPK_RATIO = 0.1
 ROUNDS, WARMUP_ROUNDS = (10, 2) if SMALL else (30, 3)
+# $ZENFLOW_BENCH_INTERVAL (bench/conftest.py checked it): the block's update interval, 4, another integer or "auto"
+UPDATE_INTERVAL = interval(os.environ.get("ZENFLOW_BENCH_INTERVAL") or "4")
+SETTING = "" if UPDATE_INTERVAL == 4 else f"-U{UPDATE_INTERVAL}"
 
 
 def _synced(fn):
@@ -72,7 +76,7 @@ def test_select_columns(benchmark, shape: str) -> None:
     _info(benchmark, grad.numel() * grad.element_size(), selected=k)
 
 
-@pytest.mark.parametrize("shape", [SHAPE])
+@pytest.mark.parametrize("shape", [SHAPE + SETTING])
 def test_device_selective_update(benchmark, shape: str) -> None:
     """The device half of a step on two weights of the shape (what `step()` does every step, minus the rest)."""
     torch.manual_seed(0)
@@ -82,7 +86,7 @@ def test_device_selective_update(benchmark, shape: str) -> None:
         p.grad = torch.randn(p.shape, generator=torch.Generator(device=DEVICE).manual_seed(seed + 1),
                              device=DEVICE).to(DTYPE)
     opt = ZenFlowAdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
-                       zenflow={"topk_ratio": TOPK_RATIO, "update_interval": 4, "select_interval": 10**6})
+                       zenflow={"topk_ratio": TOPK_RATIO, "update_interval": UPDATE_INTERVAL, "select_interval": 10**6})
     try:
         opt.step()  # builds the state and selects the columns: from here each call is a steady-state device update
         selected = sum(opt.state[p].sel.numel() * p.shape[0] for p in model.parameters())

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from zenflow.adam import AdamWHyper, adamw_
+from zenflow.harness.checks.arguments import interval
 from zenflow.optimizer import ZenFlowAdamW
 
 SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")
@@ -36,14 +37,17 @@ WIDTH, DEPTH = (288, 12) if SMALL else (2048, 12)  # Linear(W, W) x 12 with bias
 HOST_NUMEL = 1_000_000 if SMALL else 25_000_000
 
 LR, WEIGHT_DECAY = 1e-4, 0.01
-UPDATE_INTERVAL = 4
-ROUNDS, WARMUP_ROUNDS = 16, 4  # whole update-interval cycles; the warm-up also absorbs the first selection
-assert ROUNDS % UPDATE_INTERVAL == 0 and WARMUP_ROUNDS % UPDATE_INTERVAL == 0
+# $ZENFLOW_BENCH_INTERVAL (bench/conftest.py checked it): 4, another integer or "auto", named in the ZenFlow ids
+UPDATE_INTERVAL = interval(os.environ.get("ZENFLOW_BENCH_INTERVAL") or "4")
+SETTING = "" if UPDATE_INTERVAL == 4 else f"-U{UPDATE_INTERVAL}"
+CYCLE = UPDATE_INTERVAL if isinstance(UPDATE_INTERVAL, int) else 1  # "auto": no fixed cycle, the mean amortises
+ROUNDS, WARMUP_ROUNDS = (-(-n // CYCLE) * CYCLE for n in (16, 4))  # whole update-interval cycles; the warm-up
+assert ROUNDS % CYCLE == 0 and WARMUP_ROUNDS % CYCLE == 0         # also absorbs the first selection
 
 _ZENFLOW = dict(topk_ratio=0.1, update_interval=UPDATE_INTERVAL, select_interval=1000, full_warm_up_rounds=0)
 ENGINES: dict[str, dict | None] = {
-    "zenflow-sync": _ZENFLOW,
-    "zenflow-overlap": {**_ZENFLOW, "overlap_step": True},
+    f"zenflow-sync{SETTING}": _ZENFLOW,
+    f"zenflow-overlap{SETTING}": {**_ZENFLOW, "overlap_step": True},
     "torch-adamw-fused": None,
     "zenflow-offload": dict(topk_ratio=0.0, update_interval=1, select_interval=1000),
 }
@@ -112,6 +116,7 @@ def test_optimizer_step(benchmark, model: nn.Module, initial_weights: list[torch
             per_step = {f"{d}/{k}": (end[(d, k)] - window_start.get((d, k), 0)) / timed for d, k in sorted(end)}
             benchmark.extra_info["transfer_bytes_per_step"] = {k: v for k, v in per_step.items() if v}
             benchmark.extra_info["transfer_bytes_per_step_total"] = sum(per_step.values())
+            benchmark.extra_info["host_updates"] = opt.host_updates  # what "auto" chose, over every round
     finally:
         if zenflow:
             opt.close()  # restores the main thread's cores and torch threads after overlap

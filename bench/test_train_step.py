@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from zenflow.harness.checks.arguments import interval
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import is_deepspeed, unavailable
@@ -37,18 +38,23 @@ from zenflow.harness.stepper import SteppedEngine
 
 SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")
 CUDA = torch.cuda.is_available()
-STEPS_PER_ROUND = 4  # = ZENFLOW_BLOCK["update_interval"]
+# $ZENFLOW_BENCH_INTERVAL (bench/conftest.py checked it): DeepSpeedExamples' 4, another integer or "auto"; any other
+# than 4 is in the workload's id, so its benchmarks and records never meet the default's
+UPDATE_INTERVAL = interval(os.environ.get("ZENFLOW_BENCH_INTERVAL") or str(DEEPSPEED_EXAMPLES_BLOCK["update_interval"]))
+SETTING = "" if UPDATE_INTERVAL == DEEPSPEED_EXAMPLES_BLOCK["update_interval"] else f"-U{UPDATE_INTERVAL}"
+STEPS_PER_ROUND = UPDATE_INTERVAL if isinstance(UPDATE_INTERVAL, int) else 4  # whole cycles; "auto" has none
 ROUNDS, WARMUP_ROUNDS = (5, 1) if SMALL else (10, 2)
 # The Llama-2-7B scenario's settings (reproduce/llama7b.py): DeepSpeedExamples' ZenFlow fine-tuning.
-ZENFLOW_BLOCK = {**DEEPSPEED_EXAMPLES_BLOCK, "update_interval": STEPS_PER_ROUND}
+ZENFLOW_BLOCK = {**DEEPSPEED_EXAMPLES_BLOCK, "update_interval": UPDATE_INTERVAL}
 TINY_SHAPE = TINY_LLAMA_SHAPE
 
 # The cpu-scale workloads run on the CPU on every host (device "cpu"), so "cpu-scale" means the same everywhere.
 WORKLOADS: dict[str, dict] = (
-    {"cpu-scale-small": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, "device": "cpu", **TINY_SHAPE}}
-    if SMALL else {"cpu-scale": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, "device": "cpu"}})
+    {f"cpu-scale-small{SETTING}": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, "device": "cpu", **TINY_SHAPE}}
+    if SMALL else {f"cpu-scale{SETTING}": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, "device": "cpu"}})
 if CUDA and not SMALL:  # the GPU scenario: Llama-2-7B (or $MODEL, a hub id or a local path), bf16, sequence 512
-    WORKLOADS["gpu"] = {"model": os.environ.get("MODEL", "meta-llama/Llama-2-7b-hf"), "dtype": "bf16", "seq_len": 512}
+    WORKLOADS[f"gpu{SETTING}"] = {"model": os.environ.get("MODEL", "meta-llama/Llama-2-7b-hf"), "dtype": "bf16",
+                                  "seq_len": 512}
 
 SUMMARY_KEYS = ("step_ms", "cycle_mean_ms", "accumulate_step_ms", "update_step_ms", "compute_ms", "io_ms",
                 "stall_ms", "forward_backward_ms", "optimizer_ms", "bytes_per_step",

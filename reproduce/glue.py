@@ -11,6 +11,7 @@ Output in results/glue/<hardware-id>/: one record per task × engine × seed, ta
 
     python reproduce/glue.py                                  # what `make reproduce-glue` runs
     python reproduce/glue.py --tasks SST-2 --seeds 0 --train-examples 64 --out /tmp/g   # a quick look
+    python reproduce/glue.py --update-interval auto                  # into <hardware-id>/update-interval-auto/
     python reproduce/glue.py --model facebook/opt-1.3b --dtype bf16 --full --tasks SST-2 MRPC   # on a GPU host
 
 Every argument is checked before any run (zenflow/harness/checks/arguments.py, then preflight: the task files and the
@@ -68,11 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=cc.float_at_least(0.0), default=1e-4)
     ap.add_argument("--dtype", default="fp32" if not torch.cuda.is_available() else "bf16",
                     choices=["fp32", "bf16", "fp16"])
-    ap.add_argument("--update-interval", type=cc.int_at_least(1), default=GLUE_BLOCK["update_interval"],
-                    help="ZenFlow engines: steps between host updates (how stale the host part gets; "
-                    "default %(default)s)")
-    ap.add_argument("--topk-ratio", type=cc.float_at_least(0.0, strict=True), default=GLUE_BLOCK["topk_ratio"],
-                    help="ZenFlow engines: share of columns updated on the device every step (default %(default)s)")
+    cc.add_knobs(ap, GLUE_BLOCK)  # a setting other than the default gets an output folder of its own
     ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=4,
                     help="training steps left out of the step-time stats")
     ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/glue/<hardware-id>")
@@ -88,8 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     for option in ("--tasks", "--engines", "--seeds"):
         cc.distinct(ap, option, getattr(args, option[2:]))
-    if args.topk_ratio > 1.0:
-        ap.error(f"argument --topk-ratio: {args.topk_ratio!r} is not allowed: expected a number in (0, 1]")
+    args.block = cc.knobs_block(ap, args, GLUE_BLOCK)
     if args.full and args.train_examples:
         ap.error(f"argument --train-examples: {args.train_examples} with --full: expected one of them (--full trains "
                  "on whole training sets)")
@@ -105,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, without its warning
     env = capture_environment()
     out = args.out or ROOT / "results" / "glue" / env["hardware_id"] / (
-        "ds-weight-view-repaired" if args.ds_repair_weight_view else "")
+        "ds-weight-view-repaired" if args.ds_repair_weight_view else "") / cc.setting_name(args.block, GLUE_BLOCK)
     report = partial(parity_report, env=env)
     if args.report_only:
         problem = report_existing(out, report)
         return cc.refuse(problem) if problem else 0
-    problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume)
+    problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume) or cc.setting_problem(out, args.block)
     if problem:
         return cc.refuse(f"argument --out: {str(out)!r} {problem}")
     try:
@@ -134,8 +130,7 @@ def plan(args: argparse.Namespace, tasks: list[str], model: str) -> list[Planned
                             "epochs": args.epochs or (3 if args.full else 1), "seq_len": args.seq_len,
                             "micro_batch": args.micro_batch, "dtype": args.dtype, "seed": seed, "data_seed": 0,
                             "eval_every": args.eval_every}
-                block = {**GLUE_BLOCK, "update_interval": args.update_interval, "topk_ratio": args.topk_ratio}
-                cfg = deepspeed_config(engine, block, args.dtype, args.micro_batch, lr=args.lr,
+                cfg = deepspeed_config(engine, args.block, args.dtype, args.micro_batch, lr=args.lr,
                                        weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available())
                 repaired = args.ds_repair_weight_view and engine == FAMILIES["DeepSpeed"][0]  # DeepSpeed's ZenFlow
                 extra = {"seed": seed, **({"ds_repair_weight_view": True} if repaired else {})}

@@ -10,6 +10,7 @@ labelled "cpu-scale" everywhere. Output: records, table.md/.csv and figure.png i
     python reproduce/llama7b.py --shape llama2-7b --layers 8 --plan   # the memory plan only: nothing runs
     python reproduce/llama7b.py --convergence        # loss against wall time, 5 rounds (convergence/)
     python reproduce/llama7b.py --cores-ablation     # ZenFlow at each pt_reserved_cores_perc (cores/)
+    python reproduce/llama7b.py --convergence --update-interval auto   # another ZenFlow block: its own subfolder
     python reproduce/gpu_window.py --out OUT         # one command on a GPU host: checks + 4 layers (docs/gpu-window.md)
 
 `--shape llama2-7b --layers N`: random weights at Llama-2-7B's layer shapes, N of its 32 layers (the default on a
@@ -40,7 +41,7 @@ from zenflow.harness import local_inputs
 from zenflow.harness import memory_plan as mp
 from zenflow.harness.checks import arguments as cc
 from zenflow.harness.checks.preflight import PreflightError, check_async_io, check_build_locks, check_cuda_usable
-from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES, TINY_LLAMA_SHAPE
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, DEFAULT_ENGINES, ENGINES, SHAPES, TINY_LLAMA_SHAPE
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import ASKED, is_deepspeed, needs_async_io, zenflow_engines
 from zenflow.harness.plans import PlannedRun, execute, report_existing
@@ -89,7 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="plan for a GPU with this much memory (default: this host's GPU; none: the CPU)")
     ap.add_argument("--allow-download", action="store_true",
                     help="let the runs fetch a model or data that is not on this host (refused otherwise)")
-    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    ap.add_argument("--engines", nargs="+", default=list(DEFAULT_ENGINES), choices=ENGINES,
+                    help="default: every engine but the opt-in ones (configs.DEFAULT_ENGINES)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     ap.add_argument("--seq-len", type=cc.int_at_least(1), default=None, help="default: 512 on a GPU host, 16 otherwise")
     ap.add_argument("--micro-batch", type=cc.int_at_least(1), default=1)
@@ -130,10 +132,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the ZenFlow engines (default --engines: ref-zenflow ds-zenflow) at each "
                     "pt_reserved_cores_perc P, the share of the cores kept for PyTorch compute (default: "
                     + " ".join(f"{f:g}" for f in FRACTIONS) + "), into the cores/ subfolder (≈8 min here)")
+    cc.add_knobs(ap, DEEPSPEED_EXAMPLES_BLOCK)  # a setting other than the default gets an output folder of its own
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 4+4 steps (for the test suite)")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
     args.until = None if args.deadline_s is None else time.time() + args.deadline_s
+    args.block = cc.knobs_block(ap, args, DEEPSPEED_EXAMPLES_BLOCK)
     small = args.smoke or not gpu  # the smoke run is the tiny cpu-scale shape on every host
     if args.shape and args.model:
         ap.error("argument --shape: not allowed with --model (or $MODEL): expected one of them")
@@ -149,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (4 if short else 8)
     args.timed_steps = args.timed_steps or (CONVERGENCE_STEPS if args.convergence else 8 if short else 16)
     args.repeats = args.repeats or (1 if shaped else CPU_REPEATS if small else GPU_REPEATS)
-    if args.convergence and args.engines == list(ENGINES):
+    if args.convergence and args.engines == list(DEFAULT_ENGINES):
         args.engines = list(CONVERGENCE_ENGINES)
     if args.cores_ablation is not None:
         cores_ablation_args(ap, args)
@@ -177,13 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         host, base, cuda = host_and_base(args)
         shape = mp.ModelShape.from_workload(workload(args, SHAPES[args.shape]["layers"]))
         args.layers = mp.largest_layers(args.engines, shape, host, 2 if args.dtype != "fp32" else 4, cuda,
-                                        DEEPSPEED_EXAMPLES_BLOCK, args.seq_len, args.micro_batch, base, shape.layers)
+                                        args.block, args.seq_len, args.micro_batch, base, shape.layers)
     env = capture_environment()
     scenario = f"{args.shape}-{args.layers}L{'-frozen-embedding' if args.freeze_embedding else ''}" if args.shape \
         else ""
     out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"] / scenario / (
         f"nproc-{args.nproc}" if args.nproc > 1 else "") / (
-        "convergence" if args.convergence else "cores" if args.cores_ablation else "")
+        "convergence" if args.convergence else "cores" if args.cores_ablation else "") / cc.setting_name(
+        args.block, DEEPSPEED_EXAMPLES_BLOCK)  # e.g. update-interval-auto/: two settings never share a folder
     report = partial(cores_report if args.cores_ablation else scenario_report, env=env)
     if args.report_only:  # records only: no plan, no probe
         problem = report_existing(out, report)
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             return cc.refuse(f"argument --plan: the shape of {args.model!r} is not on this host (no config.json)")
         print(mp.render(needs, host, args.warmup_steps + args.timed_steps, shape, base))
         return 0
-    problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume)
+    problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume) or cc.setting_problem(out, args.block)
     if problem:
         return cc.refuse(f"argument --out: {str(out)!r} {problem}")
     try:  # a GPU host whose torch cannot use CUDA would silently train on the CPU under the GPU's hardware id
@@ -224,7 +229,7 @@ def cores_ablation_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -
     args.cores_ablation = args.cores_ablation or list(FRACTIONS)
     cc.distinct(ap, "--cores-ablation", args.cores_ablation)
     splitting = [s.name for s in zenflow_engines() if s.zenflow_block == ASKED]
-    if args.engines == list(ENGINES):
+    if args.engines == list(DEFAULT_ENGINES):
         args.engines = [e for e in ("ref-zenflow", "ds-zenflow") if e in splitting]
     other = [e for e in args.engines if e not in splitting]
     if other:
@@ -265,7 +270,7 @@ def memory_needs(args: argparse.Namespace, base: int, cuda: bool) -> tuple[mp.Mo
     except (FileNotFoundError, KeyError) as exc:  # --allow-download of a model not here: nothing to plan from
         print(f"memory plan: not made ({exc})", file=sys.stderr)
         return None, []
-    return shape, mp.plan(args.engines, shape, 2 if args.dtype != "fp32" else 4, cuda, DEEPSPEED_EXAMPLES_BLOCK,
+    return shape, mp.plan(args.engines, shape, 2 if args.dtype != "fp32" else 4, cuda, args.block,
                           args.seq_len, args.micro_batch, base)
 
 
@@ -282,8 +287,7 @@ def plan(args: argparse.Namespace, skips: dict[str, str | None] | None = None,
         runs += [(r, "ref-zenflow", False, None) for r in range(min(args.repeats, OVERHEAD_CHECK_REPEATS))]
     planned = []
     for rep, engine, telemetry, fraction in runs:
-        block = DEEPSPEED_EXAMPLES_BLOCK if fraction is None else {**DEEPSPEED_EXAMPLES_BLOCK,
-                                                                   "pt_reserved_cores_perc": float(fraction)}
+        block = args.block if fraction is None else {**args.block, "pt_reserved_cores_perc": float(fraction)}
         cfg = deepspeed_config(engine, block, args.dtype, args.micro_batch, lr=2e-5,
                                weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available() and args.device != "cpu",
                                nvme_path=str(args.nvme_path) if args.nvme_path else None)

@@ -20,6 +20,8 @@ KINDS = ("grads", "params", "master", "moments", "indices")
 # Where the main thread can block, in the order a step meets them.
 BLOCKS = ("clip_sync", "copy_d2h", "host_accumulate", "copy_h2d", "host_wait", "host_update", "reselect",
           "collective")  # collective: waiting for the other ranks (data parallelism)
+# What a step decided: a host-update boundary, a top-k selection (what the "auto" intervals chose, step by step).
+DECISIONS = ("host_update", "selection")
 
 
 class Observer(Protocol):
@@ -70,6 +72,13 @@ class Observers:
         after = mark()
         for obs in watchers:
             obs.on_device_wait(what, before, after)
+
+    def decided(self, what: str) -> None:
+        """A decision of DECISIONS, for the observers that keep them (`on_decision(what)`: optional, as
+        `on_device_wait`), from the training thread."""
+        for obs in self.attached:
+            if hasattr(obs, "on_decision"):
+                obs.on_decision(what)
 
     @contextlib.contextmanager
     def blocking(self, what: str) -> Iterator[None]:

@@ -188,6 +188,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
                     hypers = {id(p): AdamWHyper.of(g) for g in self.param_groups for p in g["params"]}
                     reselect(self._params(), self.state, self.config, self.link, self.dp, hypers)
                 self.clock.selections += 1
+                self.observers.decided("selection")
             self.clock.select_next = False
         columns = column_states(self.param_groups, self.state)
         prepare_host_(self.arena, columns, self.link, self.settle)  # lazy build, staging
@@ -244,6 +245,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
     def _boundary(self, overlap: bool) -> None:
         """Host AdamW on the accumulated unselected gradients; upload now (sync) or at the next boundary."""
         self.clock.host_updates += 1
+        self.observers.decided("host_update")
         self.clock.since_boundary = 0
         self.auto_history.clear()
         shipped = []  # device accumulation: the interval's sums cross now, once (host: they crossed every step)

@@ -21,6 +21,9 @@ from zenflow.harness.engines.registry import (  # noqa: F401  (the engines' own 
 # ZenFlow's; PEER_ENGINES: the peers a user would pick instead (issue 14), DeepSpeed's ZeRO-Infinity and Twin-Flow,
 # PyTorch's FSDP2 with CPUOffloadPolicy and torchao's CPUOffloadOptimizer (CUDA only: "not run here" on a CPU).
 ENGINES = engine_names()
+# What a run without --engines runs (reproduce/llama7b.py): every row but the opt-in ones (EngineSpec.opt_in:
+# ds-zenflow-intended), so that adding such a row leaves the committed result sets as they are.
+DEFAULT_ENGINES = engine_names(opt_in=False)
 CORE_ENGINES = engine_names("core")
 CONTROL_ENGINES = engine_names("control")
 PEER_ENGINES = engine_names("peer")

@@ -107,6 +107,7 @@ class Session:
         spec_config = copy.deepcopy(spec.ds_config)  # as asked for, copied before an engine sees it: --resume's key
         self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry,
                                   device=self.workload.device,
+                                  # the row decides for ds-zenflow-intended; this key: older GLUE diagnostic runs
                                   repair_weight_view=bool(spec.extra.get("ds_repair_weight_view")))
         self.record.config = self.engine.ds_config  # as the engine resolved it (e.g. Twin-Flow's sub_group_size)
         fixed = self.workload.steps
@@ -120,6 +121,7 @@ class Session:
             "stall_includes_io": self.engine.stall_includes_io,
             "attribution": self.timeline.use_device(self.engine.device), "peak_memory": self.timeline.memory,
             "weights_changed_at_init": len(self.engine.weights_changed_at_init), "spec_config": spec_config,
+            **({"ds_weight_view": self.engine.weight_view} if self.engine.weight_view else {}),
             **getattr(self.workload, "protocol", {}), **spec.extra}
         self.record.warnings += init_warnings(self.engine)
         self.batches = self.workload.batches()
@@ -277,7 +279,8 @@ def step_row(t: Any) -> dict[str, Any]:
             "io_ms": t.io_ms, "stall_ms": t.stall_ms, "forward_backward_ms": t.forward_backward_ms,
             "optimizer_ms": t.optimizer_ms, "telemetry_ms": t.telemetry_ms, "bytes": dict(t.bytes) or None,
             "loss": t.loss, "peak_memory_allocated_bytes": t.peak_memory_allocated_bytes,
-            "peak_memory_reserved_bytes": t.peak_memory_reserved_bytes, "blocks_ms": dict(t.blocks_ms) or None}
+            "peak_memory_reserved_bytes": t.peak_memory_reserved_bytes, "blocks_ms": dict(t.blocks_ms) or None,
+            "decisions": dict(t.decisions) or None}
 
 
 def model_facts(model: Any) -> dict[str, Any]:

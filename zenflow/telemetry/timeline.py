@@ -56,6 +56,7 @@ class StepTiming:
     peak_memory_allocated_bytes: int | None = None  # CUDA only: allocator peaks during this step
     peak_memory_reserved_bytes: int | None = None
     blocks_ms: dict[str, float] = field(default_factory=dict)  # device-idle ms per kind of blocking section
+    decisions: dict[str, int] = field(default_factory=dict)  # hooks.DECISIONS the optimizer made in this step
 
     @property
     def compute_ms(self) -> float | None:
@@ -244,6 +245,15 @@ class StepTimeline(Observer):
         what, started, event = self._outer
         self._outer = None
         self._current.blocks.append((what, started, event, self.clock.now()))
+        self._charge(entered)
+
+    def on_decision(self, what: str) -> None:
+        """A host-update boundary or a selection in the current step (hooks.DECISIONS): the record's per-step trace
+        of what the "auto" intervals chose."""
+        entered = time.perf_counter()
+        if self._current is not None and not self._finished:
+            decisions = self._current.timing.decisions
+            decisions[what] = decisions.get(what, 0) + 1
         self._charge(entered)
 
     def on_device_wait(self, what: str, before: Any, after: Any) -> None:

@@ -20,9 +20,12 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from zenflow.config import AUTO, ConfigError, ZenFlowConfig
+from zenflow.harness.engines.registry import ASKED, ENGINE_SPECS
 from zenflow.harness.glue.data import GlueError, get_task
+from zenflow.harness.records import RecordError, RunRecord
 from zenflow.harness.result_sets import PARTIAL, unfinished_plan
 from zenflow.harness.workloads import WorkloadError, check_data
 
@@ -88,6 +91,74 @@ def names_from(allowed: Sequence[str]) -> Callable[[str], list[str]]:
 def float_between(low: float, high: float) -> Callable[[str], float]:
     """A `type=` for a number in [low, high]."""
     return _float_type(f"a number in [{low:g}, {high:g}]", lambda x: low <= x <= high)  # NaN fails both
+
+
+def interval(value: str) -> int | str:
+    """A `type=` for a ZenFlow interval (update_interval, select_interval): "auto" or an integer >= 1, as the
+    zenflow block takes them (zenflow/config.py); DeepSpeed's tutorial recommends "auto"."""
+    if value == AUTO:
+        return AUTO
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not allowed: expected \"auto\" or an integer >= 1")
+    return number
+
+
+# The ZenFlow knobs the reproductions take (reproduce/llama7b.py, reproduce/glue.py): option -> block field.
+KNOBS = {"--update-interval": "update_interval", "--select-interval": "select_interval", "--topk-ratio": "topk_ratio"}
+
+
+def add_knobs(ap: argparse.ArgumentParser, block: dict[str, Any]) -> None:
+    """--update-interval, --select-interval and --topk-ratio, defaulting to `block`'s values (knobs_block checks
+    them together after parsing)."""
+    ap.add_argument("--update-interval", type=interval, default=block["update_interval"],
+                    help="ZenFlow engines: steps between host updates, or \"auto\" (docs/design.md §2; default "
+                    "%(default)s)")
+    ap.add_argument("--select-interval", type=interval, default=block["select_interval"],
+                    help="ZenFlow engines: steps between top-k selections, or \"auto\" (default %(default)s)")
+    ap.add_argument("--topk-ratio", type=float_between(0, 1), default=block["topk_ratio"],
+                    help="ZenFlow engines: share of columns updated on the device every step (default %(default)s)")
+
+
+def knobs_block(ap: argparse.ArgumentParser, args: argparse.Namespace, block: dict[str, Any]) -> dict[str, Any]:
+    """`block` with the parsed knobs, refused in one line when the zenflow block does not allow them together
+    (select_interval below an integer update_interval); DeepSpeed's ZenFlow runs whatever ours accepts."""
+    chosen = {**block, **{field: getattr(args, field) for field in KNOBS.values()}}
+    try:
+        ZenFlowConfig.from_dict(chosen)
+    except ConfigError as exc:
+        field = str(exc).split(" = ", 1)[0].removeprefix("zenflow.")
+        option = next((o for o, f in KNOBS.items() if f == field), "--select-interval")
+        ap.error(f"argument {option}: {exc}")
+    return chosen
+
+
+def setting_name(block: dict[str, Any], default: dict[str, Any]) -> str:
+    """The knobs where `block` differs from `default`, as a folder name ("" when none): two settings never share
+    an output folder, e.g. "update-interval-auto" or "topk-ratio-0.05_update-interval-2"."""
+    return "_".join(f"{o[2:]}-{block[f]:g}" if isinstance(block[f], float) else f"{o[2:]}-{block[f]}"
+                    for o, f in sorted(KNOBS.items()) if block[f] != default[f])
+
+
+def setting_problem(out: Path, block: dict[str, Any]) -> str | None:
+    """Why `out` cannot take runs of `block`: its records (or its unfinished plan's) ran a ZenFlow engine with
+    other knobs. None when it can."""
+    for folder in (out, out / PARTIAL):
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                record = RunRecord.read(path)
+            except RecordError:
+                continue
+            theirs = ((record.config.get("zero_optimization") or {}).get("zenflow") or {})
+            other = {f: theirs[f] for f in KNOBS.values() if f in theirs and theirs[f] != block[f]}
+            if other and getattr(ENGINE_SPECS.get(record.engine), "zenflow_block", None) == ASKED:  # the run's block
+                return (f"holds runs of another ZenFlow setting ({path.name}: "
+                        + ", ".join(f"{f} {v}" for f, v in other.items())
+                        + "): expected a folder of its own (leave --out unset: the default names the setting)")
+    return None
 
 
 def folder_problem(path: Path) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from zenflow import ZenFlowAdamW
-from zenflow.harness.engines.ds_divergences import repair_zenflow_weight_view
+from zenflow.harness.engines.ds_divergences import repair_zenflow_weight_view, weight_view_record
 from zenflow.hooks import Observed
 from zenflow.overlapped_offload import OverlappedOffloadAdamW
 from zenflow.telemetry.timeline import StepTimeline
@@ -28,6 +28,7 @@ class Engine:
 
     name: str
     weights_changed_at_init: list[str]  # set by make_engine
+    weight_view: dict[str, Any] | None = None  # DeepSpeed's ZenFlow weight-view repair, when asked: what it did
     stall_includes_io = False  # DeepSpeed's step cannot be split into copies and CPU Adam from outside
 
     def __init__(self, name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
@@ -183,12 +184,15 @@ class DeepSpeedEngine(Engine):
 
         single_process_env()
         if self.repair_weight_view:
-            repair_zenflow_weight_view()  # opt-in diagnosis of divergence G, recorded in the run's protocol
+            repair_zenflow_weight_view()  # divergence G: ds-zenflow-intended's row, or the GLUE diagnostic
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo")
         self.engine, *_ = deepspeed.initialize(model=self.model, model_parameters=self.model.parameters(),
                                                config=self.ds_config)
         self.device = self.engine.device  # this rank's device (the launcher's LOCAL_RANK under multi-GPU)
+        if self.repair_weight_view:  # what it did at initialize: the run's protocol.ds_weight_view
+            self.weight_view = weight_view_record(self.engine.optimizer)
+            print(f"{self.name}: {self.weight_view['note']}", file=sys.stderr)
         self.warm_up = (self.ds_config["zero_optimization"].get("zenflow") or {}).get("full_warm_up_rounds", 0)
         self.steps = 0
         self.selected_at: set[int] = set()  # ZenFlow: the optimizer's micro-steps that were selection boundaries

@@ -6,8 +6,10 @@ DeepSpeed-style config is made (its ZeRO block and its ZenFlow block), what one 
 somewhere (its class's `unavailable`), and what it holds in memory (its memory function). Who reads what:
 
     configs.ENGINES, CORE_/CONTROL_/PEER_ENGINES   the names, in table order (the CLI choices; report.engine_rank)
+    configs.DEFAULT_ENGINES                        opt_in (a run without --engines leaves those rows out)
     engines.deepspeed_config                       zero, zenflow_block, cycle_rule (gradient accumulation)
-    engines.make_engine                            engine_class, cycle (DeepSpeedEngine's step kinds)
+    engines.make_engine                            engine_class, cycle (DeepSpeedEngine's step kinds),
+                                                   repair_weight_view (ds_divergences.py)
     session.RunSpec.cycle                          cycle (timed steps in whole cycles, the summary's cycle means)
     runner, stepper, the scripts                   family "deepspeed": its launcher, its op-build lock, its package
     runner, bench                                  unavailable: a "skipped" record instead of a run
@@ -267,7 +269,10 @@ class EngineSpec:
     a fixed block, or None; `cycle_rule`: CYCLE_RULES; `stall_baseline`: the engine of its family its stall
     reduction is measured against; `control`: its same-update-frequency control (gradient accumulation U);
     `memory(spec, inputs)`: its Footprint; `host_share`: the share of the optimizer's state and work on the host
-    where no ZenFlow block sets it (the memory plan's step time)."""
+    where no ZenFlow block sets it (the memory plan's step time); `repair_weight_view`: DeepSpeed's ZenFlow with
+    stage 1/2's weight view restored (ds_divergences.py; the run's `protocol.ds_weight_view` says what it did);
+    `opt_in`: run only when named (`--engines`), never in a default engine list (configs.DEFAULT_ENGINES), so
+    that adding the row changes no committed result set."""
 
     name: str
     engine_class: type[Engine]
@@ -280,12 +285,17 @@ class EngineSpec:
     control: str | None = None
     memory: Callable[[EngineSpec, MemoryInputs], Footprint] = memory_on_device
     host_share: float = 1.0
+    repair_weight_view: bool = False
+    opt_in: bool = False
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("family", self.family, FAMILIES), ("group", self.group, GROUPS),
                                       ("cycle_rule", self.cycle_rule, CYCLE_RULES)):
             if value not in allowed:
                 raise ValueError(f"{self.name}: {field} = {value!r} is not allowed: expected one of {allowed}")
+        if self.repair_weight_view and self.family != "deepspeed":
+            raise ValueError(f"{self.name}: repair_weight_view = True is not allowed for family {self.family!r}: "
+                             "expected family 'deepspeed'")
 
     @property
     def stall_includes_io(self) -> bool:
@@ -330,6 +340,11 @@ ROWS = (
                memory=memory_deepspeed_offload),
     EngineSpec("ds-zenflow", DeepSpeedEngine, "deepspeed", "core", zenflow_block=ASKED, cycle_rule="interval",
                stall_baseline="ds-zero-offload", control="ds-zero-offload-gas", memory=memory_deepspeed_offload),
+    # DeepSpeed's ZenFlow as its authors intended: the same DeepSpeed, stage 1/2's weight view as 0.17.5-0.19.6 have
+    # it (PR #8277 broke it in 0.19.7). Opt-in: the committed scenario tables were made without it.
+    EngineSpec("ds-zenflow-intended", DeepSpeedEngine, "deepspeed", "extra", zenflow_block=ASKED,
+               cycle_rule="interval", stall_baseline="ds-zero-offload", control="ds-zero-offload-gas",
+               memory=memory_deepspeed_offload, repair_weight_view=True, opt_in=True),
     EngineSpec("ds-zero-infinity", DeepSpeedEngine, "deepspeed", "peer", zero=zero_infinity,
                memory=memory_zero_infinity),
     EngineSpec("ds-twin-flow", DeepSpeedEngine, "deepspeed", "peer", zero=twin_flow, memory=memory_twin_flow,
@@ -358,9 +373,10 @@ ROWS = (
 ENGINE_SPECS: dict[str, EngineSpec] = {spec.name: spec for spec in ROWS}  # the registry (tests add rows to it)
 
 
-def engine_names(group: str | None = None) -> tuple[str, ...]:
-    """Every engine's name (of `group`), in table order."""
-    return tuple(name for name, spec in ENGINE_SPECS.items() if group is None or spec.group == group)
+def engine_names(group: str | None = None, opt_in: bool = True) -> tuple[str, ...]:
+    """Every engine's name (of `group`; the opt-in rows too unless `opt_in` is False), in table order."""
+    return tuple(name for name, spec in ENGINE_SPECS.items()
+                 if (group is None or spec.group == group) and (opt_in or not spec.opt_in))
 
 
 def engine_spec(name: str) -> EngineSpec:

@@ -1,0 +1,145 @@
+"""ZenFlow's knobs at the command line: "auto" wherever an interval is set (issue 34 item 1). One argparse type for
+--update-interval / --select-interval (checks/arguments.py: interval), the chosen block in every planned run and
+record, a folder of its own for a setting other than the default, and the knobs study's driver
+(reproduce/knobs.py): its budget from the committed records, and its smoke run end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zenflow.harness.checks import arguments as cc
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, GLUE_BLOCK
+from zenflow.harness.records import RunRecord, read_records
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "reproduce"))
+import glue  # noqa: E402  (reproduce/glue.py)
+import knobs  # noqa: E402  (reproduce/knobs.py)
+import llama7b  # noqa: E402  (reproduce/llama7b.py)
+
+ALLOWED = 'expected "auto" or an integer >= 1'
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "1.5"])
+def test_interval_type_refuses_what_the_zenflow_block_refuses(value):
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        cc.interval(value)
+    assert str(refused.value) == f"{value!r} is not allowed: {ALLOWED}"
+
+
+def test_interval_type_takes_auto_and_integers():
+    assert cc.interval("auto") == "auto" and cc.interval("3") == 3
+
+
+@pytest.mark.parametrize(("main", "args", "line"), [
+    (llama7b.main, ["--update-interval", "0"], f"argument --update-interval: '0' is not allowed: {ALLOWED}"),
+    (llama7b.main, ["--select-interval", "1.5"], f"argument --select-interval: '1.5' is not allowed: {ALLOWED}"),
+    (llama7b.main, ["--topk-ratio", "1.5"], "argument --topk-ratio: '1.5' is not allowed: expected a number in [0, 1]"),
+    (glue.main, ["--update-interval", "abc"], f"argument --update-interval: 'abc' is not allowed: {ALLOWED}"),
+    (glue.main, ["--update-interval", "8", "--select-interval", "4"],
+     "argument --select-interval: zenflow.select_interval = 4 is not allowed: expected an integer >= update_interval"),
+], ids=["llama-U-0", "llama-S-1.5", "llama-topk-1.5", "glue-U-abc", "glue-S-below-U"])
+def test_a_bad_knob_is_refused_in_one_line_before_any_work(main, args, line, tmp_path, capsys):
+    """Were a knob let through, the work after parsing stops at once here (llama7b's --plan runs nothing, an empty
+    --glue-dir is refused), so the test fails in seconds instead of running a reproduction."""
+    out = tmp_path / "out"
+    (tmp_path / "no-tasks").mkdir()
+    stop = ["--plan"] if main is llama7b.main else ["--glue-dir", str(tmp_path / "no-tasks")]
+    assert main([*args, *stop, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and line in err[0], err
+    assert not out.exists()
+
+
+def _zenflow_blocks(planned) -> dict[str, dict]:
+    return {run.spec.engine: run.spec.ds_config["zero_optimization"].get("zenflow") for run in planned}
+
+
+def test_the_chosen_block_is_in_every_planned_zenflow_run():
+    knobs_args = ["--update-interval", "auto", "--select-interval", "auto", "--topk-ratio", "0.2"]
+    args = llama7b.parse_args(["--smoke", "--engines", "ref-zenflow", "ds-zenflow", "ref-offload", *knobs_args])
+    blocks = _zenflow_blocks(llama7b.plan(args))
+    chosen = {**DEEPSPEED_EXAMPLES_BLOCK, "update_interval": "auto", "select_interval": "auto", "topk_ratio": 0.2}
+    assert blocks["ref-zenflow"] == blocks["ds-zenflow"] == chosen  # DeepSpeed's ZenFlow runs "auto" too
+    assert blocks["ref-offload"]["topk_ratio"] == 0.0  # ZeRO-Offload keeps its own block
+    args = glue.parse_args(["--engines", "ref-zenflow", "--seeds", "0", *knobs_args])
+    assert _zenflow_blocks(glue.plan(args, ["SST-2"], "m"))["ref-zenflow"] == {**GLUE_BLOCK, **{
+        "update_interval": "auto", "select_interval": "auto", "topk_ratio": 0.2}}
+
+
+def test_another_setting_gets_a_folder_of_its_own(capsys):
+    """--report-only without --out names the default folder it looked in: the setting is in its name."""
+    assert llama7b.main(["--smoke", "--update-interval", "auto", "--topk-ratio", "0.05", "--report-only"]) == 2
+    assert "/topk-ratio-0.05_update-interval-auto'" in capsys.readouterr().err
+    assert cc.setting_name(DEEPSPEED_EXAMPLES_BLOCK, DEEPSPEED_EXAMPLES_BLOCK) == ""  # the default: as before
+
+
+def test_an_out_folder_holding_another_setting_is_refused(tmp_path):
+    block = {**DEEPSPEED_EXAMPLES_BLOCK, "update_interval": 2}
+    config = {"zero_optimization": {"stage": 2, "zenflow": block}}
+    RunRecord(engine="ref-zenflow", config=config).write(tmp_path / "ref-zenflow-r0.json")
+    RunRecord(engine="ref-offload", config={"zero_optimization": {"zenflow": {"update_interval": 1}}}).write(
+        tmp_path / "ref-offload-r0.json")  # a fixed block of its own: not a setting
+    assert cc.setting_problem(tmp_path, block) is None
+    problem = cc.setting_problem(tmp_path, {**block, "update_interval": "auto"})
+    assert problem and "ref-zenflow-r0.json: update_interval 2" in problem and "folder of its own" in problem
+
+
+def _collect_bench(interval: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ZENFLOW_BENCH_INTERVAL": interval, "ZENFLOW_BENCH_SMALL": "1"}
+    return subprocess.run([sys.executable, "-m", "pytest", "bench/", "-q", "--collect-only", "-p", "no:cacheprovider"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+
+
+def test_the_bench_measures_auto_under_names_of_its_own_and_refuses_a_bad_knob():
+    ids = _collect_bench("auto").stdout
+    assert "test_optimizer_step[zenflow-overlap-Uauto]" in ids
+    assert "test_train_step[cpu-scale-small-Uauto-ref-zenflow]" in ids
+    assert "test_device_selective_update[256x256-Uauto]" in ids and "[zenflow-sync]" not in ids
+    refused = _collect_bench("0")
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    assert f"ERROR: ZENFLOW_BENCH_INTERVAL: '0' is not allowed: {ALLOWED}" in refused.stderr.strip().splitlines()
+
+
+def test_the_study_fits_its_budget_from_the_committed_records(tmp_path):
+    args = knobs.parse_args(["--workloads", "llama", "--budget-min", "1", "--out", str(tmp_path)])
+    runs = knobs.plan("llama", args)
+    assert {s.name for s, _ in runs} == {s.name for s in knobs.SETTINGS} and len(runs) == 3 * len(knobs.SETTINGS)
+    seeds = [r.spec.workload["seed"] for _, r in runs]
+    assert seeds == sorted(seeds)  # interleaved: every setting's seed s before any seed s + 1
+    seconds, source = knobs.run_seconds("llama", "no-such-machine")
+    assert source.endswith("/convergence") and {"ref-offload", "ref-zenflow", "ds-zenflow"} <= set(seconds)
+    least = 3 * sum(seconds[s.engine] for s in knobs.SETTINGS[:knobs.ESSENTIAL]) / 60
+    args.budget_min = least * 0.9
+    with pytest.raises(knobs.Refused, match="--budget-min"):
+        knobs.fit("llama", runs, tmp_path / "llama", args, "no-such-machine")
+    args.budget_min = least * 1.1 + 3 * seconds["ref-zenflow"] / 60  # room for one more setting, not two
+    kept = list(dict.fromkeys(s.name for s, _ in knobs.fit("llama", runs, tmp_path / "llama", args, "x")))
+    assert kept == [s.name for s in knobs.SETTINGS[:knobs.ESSENTIAL + 1]]
+
+
+@pytest.mark.slow
+def test_smoke_study_writes_table_figures_and_verdict_and_records_what_auto_chose(tmp_path):
+    """The tiny study (< 60 s on a quiet 2-core machine): three runs through the run loop, the report's files; the
+    "auto" run's record holds "auto" in its config and the host updates it chose in its steps; a second call
+    reruns nothing."""
+    assert knobs.main(["--smoke", "--out", str(tmp_path)]) == 0
+    for name in ("knobs.md", "knobs.csv", "verdict.json", "frontier.png", "auto-intervals.png"):
+        assert (tmp_path / name).is_file(), name
+    verdict = json.loads((tmp_path / "verdict.json").read_text())["workloads"]["llama"]
+    assert list(verdict) == ["ref-zenflow U=auto S=64 k=0.1"]
+    assert verdict["ref-zenflow U=auto S=64 k=0.1"]["verdict"] in ("holds", "fails", "undecided")
+    auto = RunRecord.read(tmp_path / "llama" / "update-interval-auto-s1234.json")
+    assert auto.config["zero_optimization"]["zenflow"]["update_interval"] == "auto"
+    boundaries = [s["step"] for s in auto.steps if (s["decisions"] or {}).get("host_update")]
+    assert boundaries and len(boundaries) == auto.metrics["zenflow"]["host_updates"]
+    before = {r.engine + str(r.metrics["wall_seconds"]) for r in read_records(tmp_path / "llama")}
+    assert knobs.main(["--smoke", "--out", str(tmp_path)]) == 0
+    assert {r.engine + str(r.metrics["wall_seconds"]) for r in read_records(tmp_path / "llama")} == before
