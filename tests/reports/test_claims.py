@@ -174,3 +174,10 @@ def test_without_markers_the_readme_is_refused() -> None:
 def test_the_hidden_share_holds_from_four_tenths(low: float | None, verdict: str) -> None:
     high = None if low is None else low + 0.3
     assert claim_list.hidden_verdict({"zf_hidden_low": low, "zf_hidden_high": high}) == verdict
+
+
+@pytest.mark.parametrize("llama, glue, verdict", [("holds", "holds", "holds"), ("undecided", "holds", "partly"),
+                                                  ("fails", "undecided", "does not hold"),
+                                                  ("undecided", "undecided", "not measured here")])
+def test_auto_holds_where_the_knobs_study_could_decide(llama: str, glue: str, verdict: str) -> None:
+    assert claim_list.auto_verdict({"llama_verdict": llama, "glue_verdict": glue}) == verdict

@@ -83,3 +83,17 @@ def test_costmodel_tables_regenerate_byte_identical(folder: Path, tmp_path: Path
 def test_gpu_check_table_regenerates_byte_identical(folder: Path) -> None:
     record = json.loads((folder / "gpu-check.json").read_text())
     assert gpu_check.markdown(record) == (folder / "table.md").read_text()
+
+
+@pytest.mark.parametrize("folder", _sets("knobs/*/knobs.md"), ids=lambda p: p.name)
+def test_knobs_table_regenerates_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import sys
+
+    sys.path.insert(0, str(RESULTS.parent / "reproduce"))
+    from knobs import WORKLOADS, study_records  # reproduce/knobs.py: the records its report reads
+
+    from zenflow.reports.knobs import knobs_report
+
+    by_workload = {w: study_records(folder / WORKLOADS[w]) for w in WORKLOADS if (folder / WORKLOADS[w]).is_dir()}
+    knobs_report({w: r for w, r in by_workload.items() if r}, tmp_path, NO_ENV)
+    _same_files(folder, tmp_path, ("knobs.md", "knobs.csv", "verdict.json"))

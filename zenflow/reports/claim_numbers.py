@@ -316,3 +316,44 @@ def step_trace_numbers(f: Files) -> dict[str, Any]:
             "ds_acc": ds["accumulate_ms"], "ds_off": ds["offload_ms"], "trace_runs": int(zf["runs"]),
             "ex_ratio": ex["update_over_accumulate"], "ex_hidden": ex["hidden_share"], "ex_acc": ex["accumulate_ms"],
             "ex_up": ex["update_ms"], "ex_off": ex["offload_ms"], **ran(f, ZF_RECORD)}
+
+
+KNOBS = f"knobs/{EPYC}"
+KNOB_VERDICTS = ("holds", "fails", "undecided")  # zenflow/reports/knobs.py's
+
+
+def _relative(row: dict[str, Any] | None) -> str:
+    """A setting's time to target over ref-offload's, with its interval, or how often it missed."""
+    if row is None:
+        return "not run"
+    if row["relative_time"] is None:
+        return f"missed in {row['compared'] - row['reached']:.0f} of {row['compared']:.0f} seeds"
+    return ratio_cell(row_interval(row, "relative_time"))
+
+
+def _auto_setting(rows: list[dict[str, Any]], workload: str, knob: str) -> dict[str, Any] | None:
+    """The knobs table's row of ref-zenflow with `knob` "auto" (the other knobs at their defaults) on `workload`."""
+    return next((r for r in rows if r["workload"] == workload and r["engine"] == "ref-zenflow"
+                 and r[knob] == "auto"), None)
+
+
+def knobs_numbers(f: Files) -> dict[str, Any]:
+    """The knobs study (reproduce/knobs.py): "auto" against the best fixed setting, on both workloads (a workload
+    not run yet is "undecided")."""
+    judged = f.json(f"{KNOBS}/verdict.json")["workloads"]
+    rows = [{**r, "runs": r["compared"]} for r in f.csv(f"{KNOBS}/knobs.csv")]
+    out: dict[str, Any] = {}
+    for w in ("llama", "glue"):
+        auto, select = _auto_setting(rows, w, "update_interval"), _auto_setting(rows, w, "select_interval")
+        said = judged.get(w, {}).get(auto["setting"] if auto else "", {"verdict": "undecided", "why": "not run"})
+        best = next((r for r in rows if r["workload"] == w and r["setting"] == said.get("best_fixed")), None)
+        ds = next((r for r in rows if r["workload"] == w and r["engine"] == "ds-zenflow"), None)
+        base = next((r for r in rows if r["workload"] == w and r["engine"] == "ref-offload"), None)
+        headline = (f"auto {_relative(auto)} vs best fixed {_relative(best)}" if best
+                    else f"{said['verdict']}, no fixed setting reached the target" if auto else "not run yet")
+        out |= {f"{w}_verdict": said["verdict"], f"{w}_why": said["why"], f"{w}_said": headline,
+                f"{w}_best": best["setting"] if best else "none",
+                f"{w}_select": judged.get(w, {}).get(select["setting"] if select else "", {}).get("verdict", "not run"),
+                f"{w}_seeds": int(base["compared"]) if base else 0,
+                f"{w}_ds": (ds["note"] or "ran") if ds else "not run"}
+    return out | ran(f, f"{KNOBS}/llama/ref-offload-s1234.json")
