@@ -39,7 +39,7 @@ from zenflow.harness.glue.workload import BAD_INPUT, check_inputs
 from zenflow.harness.plans import PlannedRun, execute, report_existing
 from zenflow.harness.session import RunSpec
 from zenflow.harness.workloads import WorkloadError
-from zenflow.reports.glue import FAMILIES, parity_report
+from zenflow.reports.glue import parity_report
 from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,9 +75,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/glue/<hardware-id>")
     ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out (<out>/.partial/): "
                     "keep the ok records of the same runs (there or in --out), rerun the rest")
-    ap.add_argument("--ds-repair-weight-view", action="store_true",
-                    help="diagnosis: DeepSpeed's ZenFlow with its weight view repaired (divergence G, docs/glue.md); "
-                    "default --out gets a ds-weight-view-repaired/ subfolder")
     ap.add_argument("--eval-every", type=cc.int_at_least(1), default=None,
                     help="also evaluate on the dev set every N steps, between steps: accuracy against training time, "
                     "curve.md / accuracy-vs-time.png (issue 24)")
@@ -100,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, without its warning
     env = capture_environment()
-    out = args.out or ROOT / "results" / "glue" / env["hardware_id"] / (
-        "ds-weight-view-repaired" if args.ds_repair_weight_view else "") / cc.setting_name(args.block, GLUE_BLOCK)
+    out = args.out or ROOT / "results" / "glue" / env["hardware_id"] / cc.setting_name(args.block, GLUE_BLOCK)
     report = partial(parity_report, env=env)
     if args.report_only:
         problem = report_existing(out, report)
@@ -132,10 +128,8 @@ def plan(args: argparse.Namespace, tasks: list[str], model: str) -> list[Planned
                             "eval_every": args.eval_every}
                 cfg = deepspeed_config(engine, args.block, args.dtype, args.micro_batch, lr=args.lr,
                                        weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available())
-                repaired = args.ds_repair_weight_view and engine == FAMILIES["DeepSpeed"][0]  # DeepSpeed's ZenFlow
-                extra = {"seed": seed, **({"ds_repair_weight_view": True} if repaired else {})}
                 spec = RunSpec(engine=engine, label=f"glue/{task}", workload=workload, ds_config=cfg,
-                               warmup_steps=args.warmup_steps, timed_steps=0, progress=False, extra=extra)
+                               warmup_steps=args.warmup_steps, timed_steps=0, progress=False, extra={"seed": seed})
                 planned.append(PlannedRun(f"{task}-{engine}-s{seed}.json", spec))
     return planned
 

@@ -293,20 +293,22 @@ def test_tiny_end_to_end_run_through_two_engines_writes_valid_records_table_and_
 
 @shared
 @pytest.mark.deepspeed
-def test_ds_zenflow_keeps_the_pretrained_weights_only_with_its_weight_view_repaired(tmp_path):
+def test_ds_zenflow_keeps_the_pretrained_weights_only_as_its_authors_intended(tmp_path):
     """The record's `weights_changed_at_init` is the oracle: DeepSpeed's ZenFlow as shipped changes every 2-D
-    weight at initialize (divergence G); with the opt-in repair it changes none, and the table says it was repaired."""
-    common = ["--tasks", "SST-2", "--engines", "ds-zenflow", "--seeds", "0", "--train-examples", "16",
-              "--eval-examples", "16", "--seq-len", "16", "--micro-batch", "8", "--warmup-steps", "1"]
-    assert reproduce_glue.main([*common, "--out", str(tmp_path / "shipped")]) == 0
-    assert reproduce_glue.main([*common, "--ds-repair-weight-view", "--out", str(tmp_path / "repaired")]) == 0
-    shipped = RunRecord.read(tmp_path / "shipped" / "SST-2-ds-zenflow-s0.json")
-    repaired = RunRecord.read(tmp_path / "repaired" / "SST-2-ds-zenflow-s0.json")
-    assert shipped.status == repaired.status == "ok"
-    assert shipped.protocol["weights_changed_at_init"] > 0 and "ds_repair_weight_view" not in shipped.protocol
-    assert repaired.protocol["weights_changed_at_init"] == 0 and repaired.protocol["ds_repair_weight_view"]
-    assert "Diagnostic run" in (tmp_path / "repaired" / "table.md").read_text()
-    assert "Diagnostic run" not in (tmp_path / "shipped" / "table.md").read_text()
+    weight at initialize (divergence G); ds-zenflow-intended (its registry row repairs the view) changes none, and
+    the table holds it to ds-zero-offload as a family of its own."""
+    assert reproduce_glue.main(["--tasks", "SST-2", "--engines", "ds-zero-offload", "ds-zenflow", "ds-zenflow-intended",
+                                "--seeds", "0", "--train-examples", "16", "--eval-examples", "16", "--seq-len", "16",
+                                "--micro-batch", "8", "--warmup-steps", "1", "--out", str(tmp_path)]) == 0
+    shipped = RunRecord.read(tmp_path / "SST-2-ds-zenflow-s0.json")
+    intended = RunRecord.read(tmp_path / "SST-2-ds-zenflow-intended-s0.json")
+    assert shipped.status == intended.status == "ok"
+    assert shipped.protocol["weights_changed_at_init"] > 0 and "ds_weight_view" not in shipped.protocol
+    assert intended.protocol["weights_changed_at_init"] == 0
+    assert intended.protocol["ds_weight_view"]["restored_at_init"] > 0
+    families = {row.split(",")[1] for row in (tmp_path / "parity.csv").read_text().splitlines()[1:]}
+    assert families == {"DeepSpeed", "DeepSpeed as intended"}  # ours did not run: no parity of theirs
+    assert "parity (DeepSpeed as intended)" in (tmp_path / "table.md").read_text()
 
 
 @shared

@@ -60,7 +60,7 @@ def test_report_pairs_time_to_target_by_seed_and_writes_the_verdict(tmp_path):
     slow = [_glue("ref-zenflow", s, 8, [80, 82, 84, 86], 0.4) for s in range(3)]  # never: no ratio
     auto = [_glue("ref-zenflow", s, "auto", [84, 88, 90, 91], 0.5 + 0.01 * s) for s in range(3)]  # 90 at step 48
     judged = knobs_report({"glue": [*base, *fixed, *slow, *auto]}, tmp_path, {})
-    rows = {r["setting"]: r for r in read_csv(tmp_path / "knobs.csv")}
+    rows = {r["setting"]: r for r in read_csv(tmp_path / "knobs.csv") if r["target"] == "ref-offload"}
     fixed_row, auto_row = rows["ref-zenflow U=4 S=32 k=0.1"], rows["ref-zenflow U=auto S=32 k=0.1"]
     def paired(steps: int, step_s) -> tuple[float, float, float]:
         """The geometric mean of the ratios to ref-offload's, seed by seed, and Student's t 95% interval."""
@@ -79,3 +79,23 @@ def test_report_pairs_time_to_target_by_seed_and_writes_the_verdict(tmp_path):
     # auto took 1.5 times the fixed setting's steps at about its step time: above its interval
     assert verdict["ref-zenflow U=auto S=32 k=0.1"]["verdict"] == "fails" == auto_row["verdict"]
     assert {"knobs.md", "frontier.png", "auto-intervals.png"} <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_the_common_target_is_the_worst_final_result_and_every_setting_of_ours_reaches_it(tmp_path):
+    """Per seed the common target is the worst final score of ref-offload and every ref-zenflow setting (here U=8's
+    86), so the setting that missed ref-offload's own final score gets a time too; the rule judges "auto" there."""
+    base = [_glue("ref-offload", s, 1, [80, 85, 88, 90], 1.0) for s in range(3)]  # 86 first reached at step 48
+    fixed = [_glue("ref-zenflow", s, 4, [86 + 0.1 * s, 90, 91, 92], 0.5) for s in range(3)]  # at step 16
+    slow = [_glue("ref-zenflow", s, 8, [80, 82, 84, 86], 0.4) for s in range(3)]  # at its last point, step 64
+    auto = [_glue("ref-zenflow", s, "auto", [84, 88, 90, 91], 0.5 + 0.01 * s) for s in range(3)]  # at step 32
+    ds = [_glue("ds-zenflow", s, "auto", [50, 50, 50, 50], 0.5) for s in range(3)]  # not ours: no say in the target
+    knobs_report({"glue": [*base, *fixed, *slow, *auto, *ds]}, tmp_path, {})
+    rows = {r["setting"]: r for r in read_csv(tmp_path / "knobs.csv") if r["target"] == "common"}
+    assert rows["ref-zenflow U=8 S=32 k=0.1"]["reached"] == 3
+    assert rows["ref-zenflow U=8 S=32 k=0.1"]["relative_time"] == pytest.approx(64 * 0.4 / 48)
+    assert rows["ref-zenflow U=4 S=32 k=0.1"]["relative_time"] == pytest.approx(16 * 0.5 / 48)
+    assert rows["ds-zenflow U=auto S=32 k=0.1"]["reached"] == 0  # 50 never gets to 86
+    common = json.loads((tmp_path / "verdict.json").read_text())["common_target"]
+    judged = common["workloads"]["glue"]["ref-zenflow U=auto S=32 k=0.1"]
+    assert judged["verdict"] == "fails" and judged["best_fixed"] == "ref-zenflow U=4 S=32 k=0.1"
+    assert "worst final result" in common["target"] and "At the common target" in (tmp_path / "knobs.md").read_text()

@@ -111,9 +111,9 @@ def test_the_title_says_the_day_the_records_were_taken(tmp_path: Path) -> None:
     records = [run("ref-zenflow", 100.0, 300.0), offload("ref-offload", 500.0)]
     records[0].protocol["taken_at"] = "2026-11-24T23:50:00+00:00"
     records[1].protocol["taken_at"] = "2026-11-25T00:10:00+00:00"
-    assert st.runs_day(records, tmp_path) == "2026-11-24 to 2026-11-25"
+    assert "runs of 2026-11-24 to 2026-11-25" in st.step_trace_report(records, tmp_path, "test host")["title"]
     del records[1].protocol["taken_at"]  # no stamp, and tmp_path is no git checkout: git cannot date it either
-    assert st.runs_day(records, tmp_path) == "day unknown"
+    assert "runs of day unknown" in st.step_trace_report(records, tmp_path, "test host")["title"]
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5])

@@ -12,15 +12,13 @@ time they were taken (`taken_at`), and those made before they did are dated from
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from zenflow.harness.records import RunRecord, read_records, steps_seconds
 from zenflow.harness.result_sets import COMPLETE, MARKER
 from zenflow.harness.runner import run_in_subprocess
 from zenflow.harness.session import RunSpec
+from zenflow.harness.when import Span, committed, span_of, taken, utc_now
 from zenflow.telemetry.neighbours import NeighbourWatch, wait_until_quiet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -247,60 +246,6 @@ def _startup_s(hw: str, root: Path) -> float:
 
 
 # ---- when runs and calibration were taken (issue 26) -----------------------------------------------------------
-Span = tuple[datetime | None, datetime | None]  # taken no earlier than the first, no later than the second
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _git(folder: Path, *args: str) -> str:
-    try:
-        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout if done.returncode == 0 else ""
-
-
-def _committed(folder: Path) -> dict[str, datetime]:
-    """File name -> when its content was committed (the last commit that touched it), for the files of `folder`."""
-    out: dict[str, datetime] = {}
-    for chunk in _git(folder, "log", "--format=%x00%cI", "--name-only", "--relative", "--", ".").split("\0")[1:]:
-        date, *names = chunk.split("\n")
-        for name in filter(None, names):
-            out.setdefault(name, datetime.fromisoformat(date))
-    return out
-
-
-@functools.lru_cache(maxsize=64)  # a few commits for a folder's records: one git call each
-def _commit_date(folder: Path, commit: str | None) -> datetime | None:
-    date = _git(folder, "show", "-s", "--format=%cI", commit).strip() if commit else ""
-    return datetime.fromisoformat(date) if date else None
-
-
-def commit_date(folder: Path, commit: str | None) -> str | None:
-    """The day (YYYY-MM-DD) of a commit, from git in `folder`; None where git cannot say."""
-    date = _commit_date(folder, commit)
-    return date.date().isoformat() if date else None
-
-
-def taken(path: Path, stamp: str | None, environment: dict[str, Any], committed: dict[str, datetime]) -> Span:
-    """When a record or calibration was taken: its `taken_at`; without one (made before issue 26), between the date
-    of the commit it ran at (its environment's git commit) and the date its file was committed (git)."""
-    if stamp:
-        t = datetime.fromisoformat(stamp)
-        return t, t
-    commit = (environment.get("git") or {}).get("commit")
-    return _commit_date(path.parent, commit), committed.get(path.name)
-
-
-def span_of(spans: list[Span]) -> Span:
-    """The span of several: earliest start to latest end (unknown when any is)."""
-    if not spans or any(s[0] is None for s in spans) or any(s[1] is None for s in spans):
-        return None, None
-    return min(s[0] for s in spans), max(s[1] for s in spans)
-
-
 def runs_span(hw: str, root: Path = ROOT, runs: str = "full") -> tuple[Span, bool]:
     """When the runs a validation reads were taken, and whether git had to say (records without `taken_at`)."""
     spans, by_git = [], False
@@ -309,16 +254,16 @@ def runs_span(hw: str, root: Path = ROOT, runs: str = "full") -> tuple[Span, boo
         records = [(p, r) for p, r in records
                    if r.engine in VALIDATED and r.status == "ok" and r.protocol.get("telemetry", True)]
         undated = any(not r.protocol.get("taken_at") for _, r in records)
-        committed = _committed(folder) if undated else {}
+        committed_at = committed(folder) if undated else {}
         by_git |= undated
-        spans += [taken(p, r.protocol.get("taken_at"), r.environment, committed) for p, r in records]
+        spans += [taken(p, r.protocol.get("taken_at"), r.environment, committed_at) for p, r in records]
     return span_of(spans), by_git
 
 
 def calibration_span(cal: dict[str, Any], path: Path) -> tuple[Span, bool]:
     """When the calibration at `path` was taken, and whether git had to say."""
     stamp = cal.get("taken_at")
-    return taken(path, stamp, cal.get("environment", {}), {} if stamp else _committed(path.parent)), not stamp
+    return taken(path, stamp, cal.get("environment", {}), {} if stamp else committed(path.parent)), not stamp
 
 
 def apart_h(a: Span, b: Span) -> float | None:

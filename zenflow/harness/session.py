@@ -29,6 +29,7 @@ from zenflow.harness.engines.registry import engine_spec, is_deepspeed
 from zenflow.harness.glue.workload import GlueWorkload
 from zenflow.harness.processes import bind_rank_cores
 from zenflow.harness.records import RunRecord, summarize_steps
+from zenflow.harness.when import utc_now
 from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
 from zenflow.telemetry.environment import capture_environment
 from zenflow.telemetry.machine_load import LoadWindow
@@ -106,16 +107,14 @@ class Session:
         self.timeline = StepTimeline()
         spec_config = copy.deepcopy(spec.ds_config)  # as asked for, copied before an engine sees it: --resume's key
         self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry,
-                                  device=self.workload.device,
-                                  # the row decides for ds-zenflow-intended; this key: older GLUE diagnostic runs
-                                  repair_weight_view=bool(spec.extra.get("ds_repair_weight_view")))
+                                  device=self.workload.device)
         self.record.config = self.engine.ds_config  # as the engine resolved it (e.g. Twin-Flow's sub_group_size)
         fixed = self.workload.steps
         self.warmup_steps = (min(spec.warmup_steps, fixed - 1) if fixed else spec.warmup_steps)
         timed = fixed - self.warmup_steps if fixed else -(-spec.timed_steps // spec.cycle) * spec.cycle  # cycles
         self.planned_steps = self.warmup_steps + timed
         self.record.protocol = {
-            "warmup_steps": self.warmup_steps, "timed_steps": timed, "cycle": spec.cycle,
+            "taken_at": utc_now(), "warmup_steps": self.warmup_steps, "timed_steps": timed, "cycle": spec.cycle,
             "num_gpus": spec.num_gpus, "world_size": world_size(), "device": str(self.engine.device),
             "threads": torch.get_num_threads(), "rank_cores": rank_cores, "telemetry": spec.telemetry,
             "stall_includes_io": self.engine.stall_includes_io,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from zenflow.costmodel.model import transfer_bytes
-from zenflow.costmodel.validate import commit_date
+from zenflow.harness.records import RunRecord
+from zenflow.harness.when import runs_day
 from zenflow.reports.claim import Files
 from zenflow.reports.intervals import ratio_cell, row_interval
 
@@ -18,19 +19,19 @@ LLAMA_XEON, LLAMA_EPYC, COST = f"llama7b/{XEON}", f"llama7b/{EPYC}", f"costmodel
 CONVERGENCE = f"{LLAMA_XEON}/convergence"
 CORES = f"{LLAMA_XEON}/cores"
 GLUE_XEON, GLUE_EPYC = f"glue/{XEON}", f"glue/{EPYC}"
-REPAIRED, STUDY, SCALING = f"{GLUE_EPYC}/ds-weight-view-repaired", f"{GLUE_EPYC}/study", f"scaling/{EPYC}"
+STUDY, SCALING = f"{GLUE_EPYC}/study", f"scaling/{EPYC}"
 GLUE_CURVE = f"{GLUE_XEON}/curve"
+# DeepSpeed's ZenFlow as shipped and as its authors intended (ds-zenflow-intended), interleaved with its ZeRO-Offload
+CONVERGENCE_DS, GLUE_CURVE_DS = f"{LLAMA_EPYC}/convergence", f"{GLUE_EPYC}/curve"
+SHIPPED, INTENDED = "ds-zenflow", "ds-zenflow-intended"
 ZF_RECORD = f"{LLAMA_XEON}/ref-zenflow-r0.json"  # the record that says where, when and with which block
 
 
 def ran(f: Files, name: str) -> dict[str, str]:
-    """Where and when a claim's runs ran, from one of its run records: the hardware id and the day (the record's
-    `taken_at`; without one, the date of the commit it ran at, which a run cannot precede)."""
-    record = f.json(name)
-    stamp = record.get("protocol", {}).get("taken_at")
-    commit = (record["environment"].get("git") or {}).get("commit")
-    date = stamp[:10] if stamp else commit_date(f.path(name).resolve().parent, commit)
-    return {"hw": record["environment"]["hardware_id"], "day": date or "day unknown"}
+    """Where and when a claim's runs ran, from one of its run records: its hardware id and day (harness/when.py)."""
+    path = f.path(name).resolve()
+    record = RunRecord.read(path)
+    return {"hw": record.environment["hardware_id"], "day": runs_day([record], path.parent)}
 
 
 def bounds(row: dict[str, Any], key: str, prefix: str) -> dict[str, float | None]:
@@ -202,7 +203,30 @@ def time_to_loss_numbers(f: Files) -> dict[str, Any]:
                                                     "ref-offload-overlap", "ref-zenflow-da") if e in rows),
             "llama_zf": outcome(rows["ref-zenflow"], "time_to_loss_speedup", "rounds"),
             "llama_held": held(rows["ref-zenflow"], "time_to_loss_speedup"),
-            **glue_curve_numbers(f), **ran(f, f"{CONVERGENCE}/ref-zenflow-r0.json")}
+            **glue_curve_numbers(f), **ds_target_numbers(f), **ran(f, f"{CONVERGENCE}/ref-zenflow-r0.json")}
+
+
+def ds_target_numbers(f: Files) -> dict[str, Any]:
+    """DeepSpeed's ZenFlow as shipped and as intended against ds-zero-offload, run interleaved in one plan: time to
+    the Llama loss and to the GLUE score (llama7b --convergence, glue.py --eval-every)."""
+    llama = f.by(f"{CONVERGENCE_DS}/convergence.csv", "engine")
+    glue = f.by(f"{GLUE_CURVE_DS}/curve.csv", "engine")
+
+    def said(rows: dict[str, dict[str, Any]], engine: str, target_key: str, over: str, final: str) -> str:
+        r = rows[engine]
+        missed = f"missed in {r['compared'] - r['reached']:.0f} of {r['compared']:.0f} {over}; " if r["reached"] else ""
+        return _then(r, "step_time_speedup", target_key, f"{missed}{final}")
+
+    when = ran(f, f"{CONVERGENCE_DS}/{INTENDED}-r0.json")
+    return {"ds_llama": "; ".join(said(llama, e, "time_to_loss_speedup", "rounds",
+                                       f"smoothed loss {llama[e]['final_smoothed_loss']:.2f}")
+                                  for e in (SHIPPED, INTENDED)),
+            "ds_llama_runs": int(llama[INTENDED]["runs"]),
+            "ds_llama_target": llama["ds-zero-offload"]["final_smoothed_loss"],
+            "ds_glue": "; ".join(said(glue, e, "time_to_accuracy_speedup", "seeds",
+                                      f"final {glue[e]['final_score']:.1f}") for e in (SHIPPED, INTENDED)),
+            "ds_glue_seeds": int(glue[INTENDED]["seeds"]), "ds_glue_target": glue["ds-zero-offload"]["target"],
+            "ds_hw": when["hw"], "ds_day": when["day"]}
 
 
 def outcome(row: dict[str, Any], key: str, over: str) -> str:
@@ -285,19 +309,24 @@ def _holds(row: dict[str, Any]) -> str:
 def glue_numbers(f: Files) -> dict[str, Any]:
     avg = {r["engine"]: r for r in f.csv(f"{GLUE_XEON}/table.csv") if r["task"] == "average"}
     parity = {r["family"]: r for r in f.csv(f"{GLUE_XEON}/parity.csv") if r["task"] == "average"}
-    repaired = {r["engine"]: r for r in f.csv(f"{REPAIRED}/table.csv") if r["task"] == "average"}
-    repaired_parity = next(r for r in f.csv(f"{REPAIRED}/parity.csv") if r["task"] == "average")
+    epyc_avg = {r["engine"]: r for r in f.csv(f"{GLUE_EPYC}/table.csv") if r["task"] == "average"}
+    epyc_parity = {r["family"]: r for r in f.csv(f"{GLUE_EPYC}/parity.csv") if r["task"] == "average"}
     study = {r["setting"]: r for r in f.csv(f"{STUDY}/table.csv") if r["task"] == "average"}
     xeon, epyc = ({(r["task"], r["engine"]): str(r["scores"]).split() for r in f.csv(name) if r["task"] != "average"}
                   for name in (f"{GLUE_XEON}/table.csv", f"{GLUE_EPYC}/table.csv"))
     pairs = [(a, b) for key in xeon for a, b in zip(xeon[key], epyc[key])]
     default, epochs = study["default"], study["budget-3-epochs"]
-    off, zf, ds, rep = avg["ref-offload"], avg["ref-zenflow"], avg["ds-zenflow"], repaired["ds-zenflow"]
+    off, zf, ds = avg["ref-offload"], avg["ref-zenflow"], avg[SHIPPED]
+    shipped, intended = epyc_avg[SHIPPED], epyc_avg[INTENDED]
+    shipped_parity, intended_parity = epyc_parity["DeepSpeed"], epyc_parity["DeepSpeed as intended"]
     return {"seeds": zf["seeds"], "off": off["mean"], "off_sd": off["std"], "zf": zf["mean"], "zf_sd": zf["std"],
             "diff": parity["ours"]["zenflow_minus_offload"], "parity": _holds(parity["ours"]),
             "ds": ds["mean"], "ds_sd": ds["std"], "ds_diff": parity["DeepSpeed"]["zenflow_minus_offload"],
-            "ds_parity": _holds(parity["DeepSpeed"]), "rep": rep["mean"], "rep_sd": rep["std"],
-            "rep_diff": repaired_parity["zenflow_minus_offload"], "rep_parity": _holds(repaired_parity),
+            "ds_parity": _holds(parity["DeepSpeed"]),
+            "ds_epyc": shipped["mean"], "ds_epyc_sd": shipped["std"],
+            "ds_epyc_diff": shipped_parity["zenflow_minus_offload"], "ds_epyc_parity": _holds(shipped_parity),
+            "int": intended["mean"], "int_sd": intended["std"], "int_seeds": intended["seeds"],
+            "int_diff": intended_parity["zenflow_minus_offload"], "int_parity": _holds(intended_parity),
             "d_low": default["deficit_low"], "d_high": default["deficit_high"],
             "e3": epochs["deficit"], "e3_low": epochs["deficit_low"], "e3_high": epochs["deficit_high"],
             "same": sum(a == b for a, b in pairs), "runs": len(pairs),
@@ -340,10 +369,18 @@ def _auto_setting(rows: list[dict[str, Any]], workload: str, knob: str) -> dict[
 def knobs_numbers(f: Files) -> dict[str, Any]:
     """The knobs study (reproduce/knobs.py): "auto" against the best fixed setting, on both workloads (a workload
     not run yet is "undecided")."""
-    judged = f.json(f"{KNOBS}/verdict.json")["workloads"]
-    rows = [{**r, "runs": r["compared"]} for r in f.csv(f"{KNOBS}/knobs.csv")]
+    verdict = f.json(f"{KNOBS}/verdict.json")
+    judged, common = verdict["workloads"], verdict["common_target"]["workloads"]
+    every = [{**r, "runs": r["compared"]} for r in f.csv(f"{KNOBS}/knobs.csv")]
+    rows = [r for r in every if r["target"] == "ref-offload"]
     out: dict[str, Any] = {}
-    for w in ("llama", "glue"):
+    at_common = [r for r in every if r["target"] == "common"]
+    for w in ("llama", "glue"):  # the target chosen afterwards (knobs.COMMON): a detail, not the rule's verdict
+        auto = _auto_setting(at_common, w, "update_interval")
+        at = common.get(w, {}).get(auto["setting"] if auto else "", {"verdict": "undecided", "why": "not run"})
+        best = next((r for r in at_common if r["workload"] == w and r["setting"] == at.get("best_fixed")), None)
+        out |= {f"{w}_common": at["verdict"], f"{w}_common_auto": _relative(auto),
+                f"{w}_common_best": f"{best['setting']} {_relative(best)}" if best else "none"}
         auto, select = _auto_setting(rows, w, "update_interval"), _auto_setting(rows, w, "select_interval")
         said = judged.get(w, {}).get(auto["setting"] if auto else "", {"verdict": "undecided", "why": "not run"})
         best = next((r for r in rows if r["workload"] == w and r["setting"] == said.get("best_fixed")), None)

@@ -18,16 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zenflow.costmodel.validate import taken
 from zenflow.harness.deadline import OUT_OF_TIME
 from zenflow.harness.engines.registry import ENGINE_SPECS, engine_names
 from zenflow.harness.memory_plan import NEEDS
 from zenflow.harness.records import RunRecord, skip_reason
 from zenflow.harness.tables import FIGURE_DPI, pyplot, save_figure
+from zenflow.harness.when import runs_day
 from zenflow.reports.intervals import ratio_cell, row_interval
 from zenflow.telemetry.machine_load import busy as machine_busy
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout whose git dates the commits the runs ran at
 BASELINE = "ds-zero-offload"  # every engine's speedup is this engine's step time over its own
 # The paper's Figure 1 comparison, top to bottom: DeepSpeed's ZeRO-Offload and ZenFlow (and the intended-behaviour
 # variant where it ran), ours, and the bound. ds-zenflow-intended may have no record (nor registry row) yet.
@@ -107,22 +106,6 @@ def not_run(records: Sequence[RunRecord]) -> dict[str, str]:
         if r.engine not in ran and r.engine not in out:
             out[r.engine] = why_not_run(r)
     return out
-
-
-def runs_day(records: Sequence[RunRecord]) -> str:
-    """When the runs were made: their `taken_at` days where recorded, else no earlier than the day of the commit they
-    ran at (git, asked in this checkout); records made before `taken_at` existed carry only the commit."""
-    ok = [r for r in records if r.status == "ok"]
-    days = sorted({r.protocol["taken_at"][:10] for r in ok if r.protocol.get("taken_at")})
-    if days:
-        return f"runs of {days[0]}" + (f" – {days[-1]}" if days[-1] != days[0] else "")
-    commits = sorted({c for r in ok if (c := (r.environment.get("git") or {}).get("commit"))})
-    if not commits:
-        return "day of the runs not recorded"
-    dates = [taken(ROOT / "pyproject.toml", None, {"git": {"commit": c}}, {})[0] for c in commits]
-    known = [d for d in dates if d is not None]
-    at = f"commit {commits[0][:7]}" + (f" and {len(commits) - 1} more" if len(commits) > 1 else "")
-    return f"runs made on or after {max(known):%Y-%m-%d}, at {at}" if known else f"runs at {at} (its day unknown)"
 
 
 def busy_engines(records: Sequence[RunRecord]) -> set[str]:
@@ -223,7 +206,8 @@ def wrapped(lines: list[str], width: int) -> list[str]:
     return [part for line in lines for part in textwrap.wrap(line, width, break_on_hyphens=False)]
 
 
-def describe(rows: list[dict[str, Any]], records: Sequence[RunRecord], title: str, subtitle: str) -> Drawn:
+def describe(rows: list[dict[str, Any]], records: Sequence[RunRecord], title: str, subtitle: str,
+             folder: Path = Path(".")) -> Drawn:
     """What the figure of `rows` (scenario.engine_rows of `records`) shows, before drawing it. Refuses rows with no
     measured engine, naming the engines it was given."""
     measured = [r for r in rows if r.get("cycle_mean_ms")]
@@ -237,7 +221,7 @@ def describe(rows: list[dict[str, Any]], records: Sequence[RunRecord], title: st
         cut_long(bars)
     kinds = {kind for bar in panel1 + panel2 for kind, _ in bar.segments}
     gone = not_run(records)
-    heading = wrapped([title, subtitle, runs_day(records)], TITLE_CHARS)  # hardware: scenario's subtitle; day: here
+    heading = wrapped([title, subtitle, f"runs of {runs_day(records, folder)}"], TITLE_CHARS)  # hardware: subtitle
     return Drawn([panel1, panel2], gone, "\n".join(heading),
                  caption_lines(gone, {r["runs"] for r in measured}), legend=[k for k in SEGMENTS if k in kinds])
 
@@ -254,7 +238,7 @@ def draw_legend(ax: Any, kinds: list[str]) -> None:
 def headline_figure(rows: list[dict[str, Any]], records: Sequence[RunRecord], path: Path, title: str,
                     subtitle: str) -> Drawn:
     """Draw `rows` (scenario.engine_rows of `records`) into `path` at WIDTH_IN; what was drawn (`describe`)."""
-    drawn = describe(rows, records, title, subtitle)
+    drawn = describe(rows, records, title, subtitle, path.parent)
     titles = [f"The paper's comparison: step time split, speedup over {BASELINE} [95% interval]",
               "Controls, peers and variants (their own scale)"]
     panels = [(bars, name) for bars, name in zip(drawn.panels, titles) if bars]

@@ -8,6 +8,11 @@ time to target is the training time until it first gets there; it is compared wi
 seed, as the geometric mean of the paired ratios with its 95% interval (intervals.py: below 1 is faster). A setting
 that misses the target with any seed gets no ratio: "reached in k of n seeds" says how often it got there.
 
+A second target, chosen after the first could not decide on either workload (no fixed setting reached ZeRO-Offload's
+final result with every seed): the common target, per seed the worst final result among ref-offload and every
+ref-zenflow setting, fixed or "auto" (COMMON). Every one of those runs reaches it by its last step, so every setting
+gets a time to it; the same rule judges "auto" there, and the report says which target each verdict is at.
+
 The verdict (RULE): an "auto" setting of ours holds when its time to target is within the interval of the best
 fixed setting's (the fixed ref-zenflow setting with the lowest ratio among those that reached the target with every
 seed), or below it. It is computed here and written to knobs.csv and verdict.json for the claims page.
@@ -31,8 +36,7 @@ from typing import Any
 
 from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import fmt, markdown, write_csv, write_json_atomic, write_text_atomic
-from zenflow.reports import glue_curve
-from zenflow.reports.convergence import curve, time_to, window_for
+from zenflow.reports.convergence import curve, window_for
 from zenflow.reports.intervals import Interval, columns, interval_cell, log_interval, ratio_cell, ratio_interval
 from zenflow.reports.knobs_figures import frontier_figure, intervals_figure
 from zenflow.reports.scenario import runs_hardware_label
@@ -43,6 +47,9 @@ SHORT = {"update_interval": "U", "select_interval": "S", "topk_ratio": "k"}
 RULE = ("auto holds when its time to target (relative to ref-offload's, paired by seed) is within the 95% interval of "
         "the best fixed setting's, or below it; the best fixed setting is the fixed ref-zenflow setting with the "
         "lowest relative time among those that reached the target with every seed")
+COMMON = ("per seed, the worst final result among ref-offload and every ref-zenflow setting (the "
+          "highest final smoothed loss, the lowest final accuracy), which each of them reaches by its last step; "
+          "chosen after ref-offload's own final result could not decide")
 TARGETS = {"llama": "ref-offload's final smoothed loss with the same seed (the mean of its last {window} steps' "
                     "losses; every run's loss smoothed the same way); time: the sum of the step periods",
            "glue": "ref-offload's final SST-2 dev accuracy with the same seed; time: training seconds at the first "
@@ -74,20 +81,28 @@ def seed_of(record: RunRecord) -> int:
     return int(record.workload.get("seed", 0))
 
 
-def times_to_target(records: Sequence[RunRecord]) -> tuple[dict[str, dict[int, float | None]], dict[str, Any]]:
-    """setting -> seed -> time to ref-offload's final result with that seed (None: not reached); and the facts
-    (the kind of workload, the targets by seed, the smoothing window)."""
+def times_to_target(records: Sequence[RunRecord], common: bool = False
+                    ) -> tuple[dict[str, dict[int, float | None]], dict[str, Any]]:
+    """setting -> seed -> time to the target with that seed (None: not reached): ref-offload's final result, or with
+    `common` the worst final result of ref-offload and ref-zenflow (COMMON); and the facts (the kind of workload,
+    the targets by seed, the smoothing window)."""
     ok = [r for r in records if r.status == "ok" and r.steps]
     kind, base = kind_of(records), {seed_of(r): r for r in ok if r.engine == BASELINE}
     window = window_for(min((len(r.steps) for r in base.values()), default=20))
+    # (training seconds, result) after each evaluation or step; the worst of several results; when a run got there
     if kind == "glue":
-        points = {id(r): r.metrics.get("curve") or [] for r in ok}
-        targets = {s: points[id(r)][-1]["score"] for s, r in base.items() if points[id(r)]}
-        reached = {id(r): glue_curve.time_to(points[id(r)], targets[seed_of(r)]) for r in ok if seed_of(r) in targets}
+        series = {id(r): [(p["train_s"], p["score"]) for p in r.metrics.get("curve") or []] for r in ok}
+        worst, better = min, float.__ge__
     else:
-        curves = {id(r): curve(r, window) for r in ok}
-        targets = {s: curves[id(r)][-1][1] for s, r in base.items() if curves[id(r)]}
-        reached = {id(r): time_to(curves[id(r)], targets[seed_of(r)]) for r in ok if seed_of(r) in targets}
+        series = {id(r): curve(r, window) for r in ok}
+        worst, better = max, float.__le__  # a loss: the highest is the worst
+    targets = {s: series[id(r)][-1][1] for s, r in base.items() if series[id(r)]}
+    if common:
+        finals = [(seed_of(r), series[id(r)][-1][1]) for r in ok
+                  if r.engine in (BASELINE, OURS) and series[id(r)] and math.isfinite(series[id(r)][-1][1])]
+        targets = {s: worst(v for seed, v in finals if seed == s) for s in targets}
+    reached = {id(r): next((t for t, v in series[id(r)] if better(float(v), targets[seed_of(r)])), None)
+               for r in ok if seed_of(r) in targets}
     out: dict[str, dict[int, float | None]] = {}
     for r in ok:
         if id(r) in reached:
@@ -142,9 +157,11 @@ def what_happened(runs: Sequence[RunRecord]) -> str:
     return "; ".join(said)
 
 
-def setting_rows(records: Sequence[RunRecord], workload: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One row per setting (baseline first, then in the order the records were planned) and the facts."""
-    times, facts = times_to_target(records)
+def setting_rows(records: Sequence[RunRecord], workload: str, common: bool = False
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One row per setting (baseline first, then in the order the records were planned) at ref-offload's final
+    result or, with `common`, at the common target (COMMON); and the facts."""
+    times, facts = times_to_target(records, common)
     by_setting: dict[str, list[RunRecord]] = {}
     for r in records:
         by_setting.setdefault(setting_of(r), []).append(r)
@@ -159,7 +176,8 @@ def setting_rows(records: Sequence[RunRecord], workload: str) -> tuple[list[dict
         zen = [r.metrics["zenflow"] for r in ok if r.metrics.get("zenflow")]  # what a ZenFlow engine decided
         intervals = [u for r in ok for _, u in chosen_intervals(r)]
         rows.append({
-            "workload": workload, "setting": setting, "engine": runs[0].engine,
+            "workload": workload, "target": "common" if common else BASELINE, "setting": setting,
+            "engine": runs[0].engine,
             **{k: block_of(runs[0]).get(k) for k in KNOBS}, "auto": is_auto(runs[0]), "runs": len(runs),
             **columns("step_ms", log_interval([step_ms(r) for r in ok]) if ok else None),
             **columns("step_time_ratio", ratio_interval({seed_of(r): step_ms(r) for r in ok}, base_steps)),
@@ -242,16 +260,21 @@ def knobs_report(by_workload: dict[str, list[RunRecord]], out: Path, env: dict[s
     known = env or any(r.environment.get("cpu") for r in every)
     label = runs_hardware_label(every, env) if known else "hardware not recorded"
     text, all_rows, judged_all, traces = [f"# ZenFlow's knobs: fixed against \"auto\" — {label}", ""], [], {}, {}
+    common_all: dict[str, Any] = {}
     for workload, records in by_workload.items():
-        rows, facts = setting_rows(records, workload)
-        judged = verdicts(rows)
-        judged_all[workload] = judged
-        all_rows += [{**r, "verdict": (judged.get(r["setting"]) or {}).get("verdict")} for r in rows]
         traces[workload] = auto_traces(records)
         seeds = sorted({seed_of(r) for r in records})
-        text += [f"## {workload} ({len(records)} runs, seeds {', '.join(map(str, seeds))})", "",
-                 "Target: " + TARGETS[facts["kind"]].format(window=facts["window"]) + ".", "", table(rows, judged), ""]
-        text += [f"- {s}: **{v['verdict']}** ({v['why']})" for s, v in judged.items()] + [""]
+        text += [f"## {workload} ({len(records)} runs, seeds {', '.join(map(str, seeds))})", ""]
+        for common, verdicts_at in ((False, judged_all), (True, common_all)):
+            rows, facts = setting_rows(records, workload, common)
+            judged = verdicts_at[workload] = verdicts(rows)
+            all_rows += [{**r, "verdict": (judged.get(r["setting"]) or {}).get("verdict")} for r in rows]
+            targets = ", ".join(f"seed {s} {v:.4g}" for s, v in sorted(facts["targets"].items()))
+            said = COMMON if common else TARGETS[facts["kind"]].format(window=facts["window"])
+            heading = "At the common target" if common else "At ref-offload's final result"
+            text += [f"### {heading}", "",
+                     f"Target: {said} ({targets}).", "", table(rows, judged), ""]
+            text += [f"- {s}: **{v['verdict']}** ({v['why']})" for s, v in judged.items()] + [""]
     text += [f"Verdict rule: {RULE}.", "",
              "- Step time: the mean over whole update cycles (\"auto\": over every timed step), geometric mean over "
              "the seeds with its 95% interval. Intervals chosen: the steps between host updates the runs' step records "
@@ -261,7 +284,8 @@ def knobs_report(by_workload: dict[str, list[RunRecord]], out: Path, env: dict[s
              "engine does not record its boundaries per step, so it has no intervals here.", ""]
     write_text_atomic(out / "knobs.md", "\n".join(text))
     write_csv(all_rows, out / "knobs.csv")
-    write_json_atomic(out / "verdict.json", {"rule": RULE, "workloads": judged_all})
+    write_json_atomic(out / "verdict.json", {"rule": RULE, "workloads": judged_all,
+                                             "common_target": {"target": COMMON, "workloads": common_all}})
     frontier_figure(all_rows, out / "frontier.png", f"Time to target against step time — {label}")
     intervals_figure(traces, out / "auto-intervals.png", f"Intervals \"auto\" chose — {label}")
     print("\n".join(text))

@@ -1,6 +1,7 @@
 """The knobs study's figures (zenflow/reports/knobs.py), from its rows and the runs' step records only.
 
-- frontier.png: per workload, each setting's time to target relative to ref-offload's (paired by seed, 95% interval)
+- frontier.png: per workload (columns) and target (rows), each setting's time to target relative to ref-offload's
+  (paired by seed, 95% interval)
   against its step time (95% interval): one point per setting, "auto" settings as stars; a setting that missed the
   target with some seed sits on the top edge as a cross, labelled with how often it got there.
 - auto-intervals.png: per workload, the steps between host updates each "auto" run chose, at the step each boundary
@@ -19,10 +20,13 @@ Trace = tuple[int, list[tuple[int, int]], list[int]]  # seed, (step, interval) a
 
 def frontier_figure(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt = pyplot()
-    workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    fig, axes = plt.subplots(1, max(1, len(workloads)), figsize=(6.4 * max(1, len(workloads)), 4.6), squeeze=False)
-    for ax, workload in zip(axes[0], workloads):
-        mine = [r for r in rows if r["workload"] == workload and r["step_ms"] is not None]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows)) or [""]
+    targets = list(dict.fromkeys(r.get("target", "") for r in rows)) or [""]
+    fig, axes = plt.subplots(len(targets), len(workloads), figsize=(6.4 * len(workloads), 4.6 * len(targets)),
+                             squeeze=False)
+    for ax, (target, workload) in zip(axes.flat, [(t, w) for t in targets for w in workloads]):
+        mine = [r for r in rows if r["workload"] == workload and r.get("target", "") == target
+                and r["step_ms"] is not None]
         top = max([r["relative_time_high"] or r["relative_time"] for r in mine if r["relative_time"]] or [1.0]) * 1.15
         for i, r in enumerate(mine):
             color, marker = f"C{i % 10}", "*" if r["auto"] else "o"
@@ -36,7 +40,7 @@ def frontier_figure(rows: list[dict[str, Any]], path: Path, title: str) -> None:
                         color=color, ls="none", capsize=3, label=r["setting"])
         ax.axhline(1.0, color="0.5", lw=0.8, ls="--")
         ax.set(xlabel="step time, ms (95% interval)", ylabel="time to target / ref-offload's (paired, 95%)",
-               title=workload)
+               title=f"{workload}, target: {target}" if target else workload)
         ax.spines[["top", "right"]].set_visible(False)
         ax.legend(fontsize=6.5, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(title, fontsize=10)

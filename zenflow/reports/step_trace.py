@@ -25,16 +25,15 @@ README's numbers: ~700 ms, 2–2.2 s, ~4 s: 3.0× and a hidden share of 1 − (2
 from __future__ import annotations
 
 import statistics
-import subprocess
 import textwrap
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from zenflow.harness.engines.registry import ENGINE_SPECS, engine_names, zenflow_engines
 from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import FIGURE_DPI, fmt, pyplot, save_figure, write_csv
+from zenflow.harness.when import runs_day
 from zenflow.reports.intervals import columns, log_interval, mean_interval
 
 PNG, CSV = "step-trace.png", "step-trace.csv"
@@ -146,36 +145,6 @@ def _median(values: dict[int, float]) -> float | None:
     return statistics.median(values.values()) if values else None
 
 
-def runs_day(records: Sequence[RunRecord], folder: Path) -> str:
-    """The day(s) the runs were taken, UTC: their `protocol.taken_at` when every run has one; else, as the cost
-    model dates older records (issue 26), between the date of the commit they ran at and the date git committed
-    their records; "day unknown" outside a git checkout."""
-    ok = [r for r in records if r.status == "ok"]
-    if ok and all(r.protocol.get("taken_at") for r in ok):
-        days = {_day(r.protocol["taken_at"]) for r in ok}
-    else:
-        commits = {(r.environment.get("git") or {}).get("commit") for r in ok} - {None, ""}
-        ran = sorted(filter(None, (_git_day(folder, "show", "-s", "--format=%cI", c) for c in commits)))
-        added = _git_day(folder, "log", "-1", "--format=%cI", "--", ":(glob)*.json")  # this folder's records only
-        if not ran or not added:
-            return f"run on or after {ran[0]}" if ran else "day unknown"
-        days = {ran[0], added}
-    return min(days) if len(days) == 1 else f"{min(days)} to {max(days)}"
-
-
-def _day(iso: str) -> str:
-    return datetime.fromisoformat(iso).astimezone(timezone.utc).date().isoformat()
-
-
-def _git_day(folder: Path, *args: str) -> str | None:
-    """The UTC day of the ISO date git prints for `args` run in `folder`; None when git cannot say."""
-    try:
-        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return _day(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
-
-
 def caption(groups: dict[tuple[str, str | None], list[RunRecord]], runs: int) -> str:
     """What the bars are, and every wanted engine (and the sync mode) the folder has no runs of."""
     present = {engine for engine, _ in groups}
@@ -267,5 +236,5 @@ def step_trace_report(records: Sequence[RunRecord], out: Path, label: str,
     write_csv(trace_rows(records), out / CSV)
     steps = max(len(r.steps) for runs in group_runs(records).values() for r in runs)
     title = (f"Step-time trace: ZeRO-Offload vs ZenFlow, the first {min(steps, max_steps)} steps\n"
-             f"{label}; {runs_day(records, out)}")
+             f"{label}; runs of {runs_day(records, out)}")
     return figure(records, out / PNG, title, max_steps)

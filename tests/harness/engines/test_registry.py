@@ -80,8 +80,6 @@ def test_make_engine_builds_the_rows_class_and_refuses_a_name_not_registered(dum
     model = torch.nn.Linear(4, 4)
     with pytest.raises(ValueError, match=r"engine = 'nope' is not allowed: expected one of \("):
         make_engine("nope", model, config("sgd"), StepTimeline(), device="cpu")
-    with pytest.raises(ValueError, match="DeepSpeed engines only"):
-        make_engine("sgd", model, config("sgd"), StepTimeline(), device="cpu", repair_weight_view=True)
     engine = make_engine("sgd-gas", model, config("sgd-gas"), StepTimeline(), device="cpu")
     assert isinstance(engine, SGDEngine) and isinstance(engine.optimizer, torch.optim.SGD) and engine.cycle == 2
 

@@ -53,20 +53,18 @@ def deepspeed_config(engine: str, zenflow_block: dict[str, Any], dtype: str, mic
 
 
 def make_engine(name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
-                telemetry: bool = True, repair_weight_view: bool = False, device: str = "auto") -> Engine:
+                telemetry: bool = True, device: str = "auto") -> Engine:
     """Build the engine on `device` ("auto": CUDA when available, else the CPU; "cpu"; "cuda[:N]"; see
-    resolve_device) (`repair_weight_view`: DeepSpeed engines only, see ds_divergences.py; a row's own
-    `repair_weight_view` applies it whatever is asked here), and record in
+    resolve_device), as its registry row says (ds-zenflow-intended's row repairs DeepSpeed's weight view:
+    ds_divergences.py), and record in
     `engine.weights_changed_at_init` the parameters whose values its construction changed (beyond the cast to the
     training dtype). It should be empty: a non-empty list means the model trains from other weights than the ones
     it was given (DeepSpeed 0.19.8 ZenFlow stage 1/2: divergence G)."""
     spec = engine_spec(name)
     before = weight_fingerprints(model)
-    if repair_weight_view and spec.family != "deepspeed":
-        raise ValueError(f"repair_weight_view applies to DeepSpeed engines only, not {name!r}")
     ds_config = resolve_sub_groups(ds_config, sum(p.numel() for p in model.parameters()))
-    repair = repair_weight_view or spec.repair_weight_view
-    engine = spec.engine_class(name, model, ds_config, timeline, telemetry, repair, device, cycle=spec.cycle(ds_config))
+    engine = spec.engine_class(name, model, ds_config, timeline, telemetry, spec.repair_weight_view, device,
+                               cycle=spec.cycle(ds_config))
     after = engine.weight_fingerprints()
     engine.weights_changed_at_init = [n for n, v in before.items()
                                       if n in after and not torch.equal(v.to(after[n].dtype), after[n])]

@@ -101,7 +101,7 @@ def intended_weight_view() -> Iterator[None]:
 
 def weight_view_record(optimizer: Any) -> dict[str, Any]:
     """What the repair did at `deepspeed.initialize` (the run's `protocol.ds_weight_view`), with a one-line note.
-    Who asked is the run's engine (its registry row), or `protocol.ds_repair_weight_view` (the GLUE diagnostic)."""
+    Who asked is the run's engine (its registry row: ds-zenflow-intended)."""
     import deepspeed
 
     version = deepspeed.__version__
