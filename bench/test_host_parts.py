@@ -20,7 +20,8 @@ import torch
 
 from zenflow.config import ZenFlowConfig
 from zenflow.costmodel import host_bandwidth as hb
-from zenflow.host import accumulate_into_, reserved_cores
+from zenflow.host import accumulate_into_
+from zenflow.worker import reserved_cores
 
 SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")
 PART_NUMEL = 1_000_000 if SMALL else hb.SIZES["cpu-scale"]

@@ -4,7 +4,7 @@ The main thread, pinned to one core with one torch thread, runs a fixed amount o
 matmuls, calibrated to ~1 s). The host worker, pinned to another core with one torch thread, runs a fixed AdamW job
 (zenflow.adam.adamw_ on 10M fp32 params, repeated to ~1 s so it spans the compute):
 
-    thread   zenflow.host.WorkerThread (a threading.Thread; it pins itself with os.sched_setaffinity(0, cores) and
+    thread   zenflow.worker.WorkerThread (a threading.Thread; it pins itself with os.sched_setaffinity(0, cores) and
              calls torch.set_num_threads inside the thread); the buffers are ordinary tensors
     process  a torch.multiprocessing "spawn" process pinned to the same core; the buffers are share_memory_()
              tensors handed over at start; jobs and results cross a multiprocessing Pipe
@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from tabulate import tabulate
 
 from zenflow.adam import AdamWHyper, adamw_
-from zenflow.host import WorkerThread
+from zenflow.worker import WorkerThread
 
 NUMEL = 10_000_000  # host AdamW params (fp32): 4 buffers, 160 MB
 MM_SIZE = 1024

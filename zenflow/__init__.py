@@ -6,8 +6,8 @@ from here (tests/project/test_library_only_torch.py).
 """
 
 from zenflow.config import ConfigError, ZenFlowConfig, load_deepspeed_config
-from zenflow.host import HostWorkerError
 from zenflow.optimizer import ZenFlowAdamW
+from zenflow.worker import HostWorkerError
 
 __all__ = ["ConfigError", "HostWorkerError", "ZenFlowAdamW", "ZenFlowConfig", "load_deepspeed_config"]
 __version__ = "0.1.0"

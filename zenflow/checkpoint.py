@@ -21,10 +21,11 @@ from zenflow.auto_interval import MassReport
 from zenflow.config import ConfigError, ZenFlowConfig
 from zenflow.device_accumulation import check_saved_counts, interval_sums, restore_sums_
 from zenflow.distributed import Ranks, owner_of
-from zenflow.host import HostColumns, HostWorker
+from zenflow.host import HostColumns
 from zenflow.link import StagingArena
 from zenflow.ownership import carve_staging
 from zenflow.state import Clock, ColumnState, ParamState, column_states
+from zenflow.worker import HostWorker
 
 # 2: the "auto" interval's history is per-step masses (auto_interval.py); 3: data parallelism (rank, world_size,
 # each weight's width: a rank holds only its block of the host columns); 4: host parts not built yet (host_master

@@ -12,22 +12,101 @@ or on the worker one interval late with overlap_step, exactly as with host accum
 Bytes over the link per interval of U steps, per column param with P = out x (host-owned columns) elements and a
 model dtype of b bytes: host accumulation U·b·P down + b·P up; device accumulation 4·P down + b·P up. Device memory:
 4·P per column param (the accumulator). docs/host-worker.md, "Device accumulation".
+
+Which side sums is decided once, at construction (`accumulation`, as distributed.data_parallel decides data
+parallelism): the optimizer's `accumulation`, a HostSums or a DeviceSums, owns the four places where the two
+differ, so that the step itself carries one mode flag (overlap): how many gradient staging buffers a host part gets
+(`n_staging`), whether the step's gradient columns cross now (`start_offload`), how they are added (`accumulate`),
+and whether the interval's sums cross at the boundary (`ship`). HostSums lives here beside its twin: host.py, whose
+functions it calls, is imported by device.py and state.py, which it needs too (an import cycle).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
 
 from zenflow.config import ConfigError
-from zenflow.host import GradCopy, accumulate_into_
+from zenflow.device import start_offload
+from zenflow.host import GradCopy, accumulate_, accumulate_into_, grad_staging_count
 from zenflow.link import Link
 from zenflow.selection import as_columns
 from zenflow.state import ColumnState, offloads
+from zenflow.worker import HostWorker
 
 
+# ---- which side sums: decided once ------------------------------------------------------------------------------
+def accumulation(accumulate_on: str, link: Link, worker: HostWorker, overlap_step: bool) -> HostSums | DeviceSums:
+    """ZenFlowAdamW's `accumulate_on`, already checked by config.check_accumulate_on: "device" sums on the device,
+    "host" (the default) on the host."""
+    if accumulate_on == "device":
+        return DeviceSums(link)
+    return HostSums(link, worker, overlap_step)
+
+
+class HostSums:
+    """Host accumulation: every step's unselected gradient columns cross into staging buffers and the host adds them
+    (host.accumulate_), inline or as a worker job; at a boundary they are on the host already."""
+
+    def __init__(self, link: Link, worker: HostWorker, overlap_step: bool) -> None:
+        self.link = link
+        self.worker = worker
+        self.n_staging = grad_staging_count(overlap_step, link.cuda)  # per host part, the whole run
+        self._turn = 0  # which staging buffer the next step's copies land in (CUDA overlap: two alternate)
+
+    def start_offload(self, params: list[torch.Tensor], state: dict, in_background: bool) -> list[GradCopy]:
+        """Start the copies of the unselected gradient columns into this step's staging buffers (CUDA: they run
+        beside the device update)."""
+        if in_background:
+            self.worker.backpressure()  # the staging buffer about to be written must have been read
+        turn = self._turn % self.n_staging  # CUDA overlap: step t lands while t-1 is read
+        self._turn += 1
+        return start_offload(params, state, self.link, turn)
+
+    def accumulate(self, params: list[torch.Tensor], state: dict, copies: list[GradCopy], slot: int,
+                   clip: torch.Tensor | None, report_mass: bool,
+                   in_background: bool) -> tuple[list[float] | Future | None, list[int]]:
+        """Add the copies into the fp32 accumulators of `slot`: inline, or as a worker job (overlap_step). Returns
+        the masses (report_mass: the list, or the job's future of it) and each copy's elements."""
+        job = functools.partial(accumulate_, self.link, copies, slot, clip, report_mass)
+        result = self.worker.submit("accumulate", job) if in_background else job()
+        return result, [c.staging.numel() for c in copies]
+
+    def ship(self, states: list[tuple[torch.Tensor, ColumnState]], slot: int) -> list[GradCopy]:
+        return []  # nothing to ship: the columns crossed every step
+
+
+class DeviceSums:
+    """Device accumulation: nothing crosses per step; the unselected columns are added into fp32 sums on the device
+    (accumulate_on_device_) that cross once, at the boundary (ship_). Host parts get no gradient staging: their
+    accumulators are the arena's landing views (HostColumns.device_sums)."""
+
+    n_staging = 0
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+
+    def start_offload(self, params: list[torch.Tensor], state: dict, in_background: bool) -> list[GradCopy]:
+        return []  # nothing crosses before the boundary
+
+    def accumulate(self, params: list[torch.Tensor], state: dict, copies: list[GradCopy], slot: int,
+                   clip: torch.Tensor | None, report_mass: bool,
+                   in_background: bool) -> tuple[DeviceMasses | None, list[int]]:
+        """On the device, in the step (the worker has no part in it); the sums ship into `slot` at the boundary."""
+        masses = accumulate_on_device_(params, state, self.link, clip, report_mass)
+        return masses, masses.numels if masses is not None else []
+
+    def ship(self, states: list[tuple[torch.Tensor, ColumnState]], slot: int) -> list[GradCopy]:
+        """The interval's sums cross now, once, into this slot's landing accumulators (no host job still reads
+        them)."""
+        return ship_(states, self.link, slot)
+
+
+# ---- the arithmetic -----------------------------------------------------------------------------------------------
 @dataclass
 class DeviceMasses:
     """One step's RMS per element of every offloaded parameter's accumulated sum (what host.accumulate_ reports for

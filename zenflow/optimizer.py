@@ -15,7 +15,8 @@ Every trainable parameter with two or more dimensions is a *column param* `W[out
 
 The class holds state and order; functions compute: state.py (what is held), device.py and host.py (each side's
 work), ownership.py (selection and moves), clip.py, auto_interval.py, distributed.py (what ranks exchange),
-device_accumulation.py (accumulate_on="device"), and host.HostWorker (the background thread, its cores and jobs).
+device_accumulation.py (where the unselected columns are summed: HostSums or DeviceSums, chosen once from
+accumulate_on), and worker.py (the background thread, its cores and jobs).
 """
 
 from __future__ import annotations
@@ -39,15 +40,16 @@ from zenflow.config import (
     check_params,
     load_deepspeed_config,
 )
-from zenflow.device import device_update_, start_offload, upload_
-from zenflow.device_accumulation import accumulate_on_device_, land_, landed_then, ship_
+from zenflow.device import device_update_, upload_
+from zenflow.device_accumulation import accumulation, land_, landed_then
 from zenflow.distributed import data_parallel
 from zenflow.hooks import Observed, Observers
-from zenflow.host import GradCopy, HostWorker, accumulate_, host_adamw_
+from zenflow.host import GradCopy, host_adamw_
 from zenflow.link import Link, StagingArena
 from zenflow.ownership import prepare_host_, reselect
 from zenflow.selection import as_columns
 from zenflow.state import Clock, ColumnState, DenseState, column_states, host_groups
+from zenflow.worker import HostWorker
 
 
 class ZenFlowAdamW(Observed, torch.optim.Optimizer):
@@ -73,11 +75,12 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         self.dp.broadcast_from_first_(self._params())  # every rank starts from rank 0's weights
         self.clock = Clock()
         self.worker = HostWorker(self.config.pt_reserved_cores_perc, self.observers)
+        # host or device accumulation, decided here once: it owns every step's difference (device_accumulation.py)
+        self.accumulation = accumulation(self.accumulate_on, self.link, self.worker, self.config.overlap_step)
         self.pending: Future | None = None  # the host update of the last boundary, not uploaded yet (overlap_step)
         self.auto_history: list[MassReport] = []  # "auto" update_interval: one report per step of the interval
         self.clip = Clip()  # this step's clipping coefficients (none yet)
         self._upload_events: list = []  # CUDA events of the last upload's copies
-        self._staging_turn = 0  # which gradient staging buffer the next copy lands in (CUDA overlap: two)
         for param in self._params():
             self._init_state(param)
         if self.config.overlap_step:
@@ -142,9 +145,8 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         width = as_columns(p).shape[1]
         mine = self.dp.owned(torch.arange(width), width)  # this host's columns: every one, or this rank's block
         overlap = self.config.overlap_step  # two accumulators: the worker reads one while steps fill the other
-        # device accumulation: no gradient staging, the accumulators are where the device's sums land
-        n_staging = 0 if self.accumulate_on == "device" else 2 if overlap and self.link.cuda else 1
-        self.state[p] = ColumnState.new(p, mine, n_accumulators=2 if overlap else 1, n_staging=n_staging)
+        self.state[p] = ColumnState.new(p, mine, n_accumulators=2 if overlap else 1,
+                                        n_staging=self.accumulation.n_staging)  # device accumulation: none
 
     @property
     def host_state_bytes(self) -> int:
@@ -193,8 +195,8 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         columns = column_states(self.param_groups, self.state)
         prepare_host_(self.arena, columns, self.link, self.settle)  # lazy build, staging
         in_background = self.config.overlap_step and not warm_up
-        on_device = self.accumulate_on == "device"  # then nothing crosses before the boundary
-        copies = [] if on_device else self._start_offload(in_background)  # CUDA: copies start now, beside the update
+        # host accumulation: the copies start now (CUDA: beside the update); device: nothing crosses before the boundary
+        copies = self.accumulation.start_offload(self._params(), self.state, in_background)
         device_update_(self.param_groups, self.state, self.clip.device)
         self._accumulate(copies, in_background)
         self.clock.since_boundary += 1
@@ -215,27 +217,13 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         return boundary_due(self.auto_history, self.clock.since_boundary, AUTO_LAG, self.config.max_update_interval,
                             self.config.auto_ratio, self.worker.result)
 
-    def _start_offload(self, in_background: bool) -> list[GradCopy]:
-        """Start the copies of the unselected gradient columns into this step's staging buffers."""
-        if in_background:
-            self.worker.backpressure()  # the staging buffer about to be written must have been read
-        n_staging = 2 if self.config.overlap_step and self.link.cuda else 1  # CUDA overlap: t lands while t-1 is read
-        turn = self._staging_turn % n_staging
-        self._staging_turn += 1
-        return start_offload(self._params(), self.state, self.link, turn)
-
     def _accumulate(self, copies: list[GradCopy], in_background: bool) -> None:
-        """Add the copies into the fp32 accumulators: inline, or as a worker job (overlap_step); with
-        accumulate_on="device", add the unselected gradient columns into the device's fp32 sums instead."""
+        """Add the step's unselected gradient columns into the fp32 sums (the copies on the host, inline or as a
+        worker job with overlap_step; the gradients themselves on the device), and keep the "auto" report."""
         auto = self.config.auto_update
         report = selected_mass(self._params(), self.state, self.link, self.clip.device) if auto else None
-        if self.accumulate_on == "device":
-            result = accumulate_on_device_(self._params(), self.state, self.link, self.clip.host, auto)
-            numels = result.numels if result is not None else []
-        else:
-            job = functools.partial(accumulate_, self.link, copies, self.clock.slot, self.clip.host, auto)
-            result = self.worker.submit("accumulate", job) if in_background else job()
-            numels = [c.staging.numel() for c in copies]
+        result, numels = self.accumulation.accumulate(self._params(), self.state, copies, self.clock.slot,
+                                                      self.clip.host, auto, in_background)
         if report is not None:
             report.accumulated = result  # the worker's list of masses, the future of it, or the device's masses
             # each rank accumulates its block: the mass of the whole is summed when it is read
@@ -248,9 +236,8 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         self.observers.decided("host_update")
         self.clock.since_boundary = 0
         self.auto_history.clear()
-        shipped = []  # device accumulation: the interval's sums cross now, once (host: they crossed every step)
-        if self.accumulate_on == "device":  # into this slot's landing accumulators, which no host job still reads
-            shipped = ship_(column_states(self.param_groups, self.state), self.link, self.clock.slot)
+        # device accumulation: the interval's sums cross now, once (host: they crossed every step, none ship)
+        shipped = self.accumulation.ship(column_states(self.param_groups, self.state), self.clock.slot)
         if not overlap:
             land_(self.link, shipped)  # CUDA sync point: the host update reads them
             with self.observers.blocking("host_update"):

@@ -33,8 +33,9 @@ from zenflow.adam import AdamWHyper, adamw_
 from zenflow.clip import coefficient
 from zenflow.config import ZenFlowConfig
 from zenflow.hooks import Observed, Observers
-from zenflow.host import HostWorker, accumulate_into_
+from zenflow.host import accumulate_into_
 from zenflow.link import Link
+from zenflow.worker import HostWorker
 
 
 @dataclass

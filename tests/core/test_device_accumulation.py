@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from helpers import Interleaved, column_params, grad_stream, set_grads, train_on_global_batches, train_steps
 
+import zenflow.device_accumulation as accumulation_module
 import zenflow.optimizer as optimizer_module
 from zenflow import ZenFlowAdamW
 from zenflow.config import ConfigError, load_deepspeed_config
@@ -123,14 +124,14 @@ def test_negative_control_a_perturbed_accumulator_changes_the_parameters(name):
 
 @pytest.mark.parametrize("name", ["sync", "auto-overlap"])  # no warm-up: a kept sum must fit the next interval's
 def test_negative_control_skipping_every_other_ship_changes_the_parameters(name, monkeypatch):
-    ship = optimizer_module.ship_
+    ship = accumulation_module.ship_
     calls = []
 
     def every_other(states, link, slot):  # the sums of odd intervals stay on the device (added to the next one)
         calls.append(slot)
         return ship(states, link, slot) if len(calls) % 2 else []
 
-    monkeypatch.setattr(optimizer_module, "ship_", every_other)
+    monkeypatch.setattr(accumulation_module, "ship_", every_other)
     host, device = run("host", name), run("device", name)
     assert len(calls) >= 4
     assert not identical(device["after"], host["after"])
@@ -461,7 +462,7 @@ def test_negative_control_one_ranks_perturbed_sums_change_both_ranks_parameters(
 
 def perturbing_rank() -> None:
     """dp_rank.main with rank 1's device accumulators perturbed (one element, 1e-3) before every ship."""
-    ship = optimizer_module.ship_
+    ship = accumulation_module.ship_
 
     def perturbed(states, link, slot):
         if dist.get_rank() == 1:
@@ -470,7 +471,7 @@ def perturbing_rank() -> None:
                     st.d_acc.view(-1)[0] += 1e-3
         return ship(states, link, slot)
 
-    optimizer_module.ship_ = perturbed
+    accumulation_module.ship_ = perturbed
     dp_rank.main()
 
 

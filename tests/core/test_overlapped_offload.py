@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from zenflow import ZenFlowAdamW
-from zenflow.host import HostWorkerError
 from zenflow.overlapped_offload import OverlappedOffloadAdamW
+from zenflow.worker import HostWorkerError
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
 

@@ -45,8 +45,9 @@ import torch
 from zenflow.adam import AdamWHyper, adamw_
 from zenflow.config import ZenFlowConfig
 from zenflow.harness.tables import markdown
-from zenflow.host import accumulate_into_, reserved_cores
+from zenflow.host import accumulate_into_
 from zenflow.telemetry.environment import capture_environment
+from zenflow.worker import reserved_cores
 
 SCHEMA = "host-bandwidth/1"
 PART_BYTES = {"accumulate": 10, "accumulate_first": 6, "accumulate_unclipped": 10, "accumulate_beside_python": 10,

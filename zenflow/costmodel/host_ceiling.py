@@ -30,7 +30,8 @@ import torch
 
 from zenflow.config import ZenFlowConfig
 from zenflow.costmodel.host_adam import measure as measure_adamw
-from zenflow.host import add_upcast_, reserved_cores
+from zenflow.host import add_upcast_
+from zenflow.worker import reserved_cores
 
 SCHEMA = "host-rates/1"
 FILE = "host/rates.json"  # a sub-folder: the run records are the result set's top-level *.json

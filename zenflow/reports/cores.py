@@ -6,7 +6,7 @@ AdamW). Too few worker cores and the step stalls on the host; too few compute co
 split a fraction gives depends on the core count and on each engine's rounding, so every row names the split its runs
 made (`split`: recorded by the plan, reproduce/llama7b.py --cores-ablation):
 
-- ours (zenflow/host.py `reserved_cores`): round(fraction × cores) compute cores, at least one on each side; 1.0
+- ours (zenflow/worker.py `reserved_cores`): round(fraction × cores) compute cores, at least one on each side; 1.0
   (or one core) pins nothing and both share every core;
 - DeepSpeed's (runtime/zenflow/zenflow_utils.py, read, not copied): ceil(fraction × cores) of the rank's physical
   cores for compute, the rest for its optimizer process; a side that rounds to none, or to all, means both share.
@@ -30,9 +30,9 @@ from zenflow.config import ZenFlowConfig
 from zenflow.harness.engines.registry import is_deepspeed
 from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
-from zenflow.host import reserved_cores
 from zenflow.reports.intervals import columns, interval_cell, log_interval, ratio_cell, ratio_interval, row_interval
 from zenflow.reports.scenario import engine_rank, load_notes, runs_hardware_label, seeds_line
+from zenflow.worker import reserved_cores
 
 DEFAULT = ZenFlowConfig().pt_reserved_cores_perc  # DeepSpeed's default too (ZenFlowConfig: Field(0.5))
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # --cores-ablation without values

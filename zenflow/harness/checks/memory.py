@@ -26,9 +26,9 @@ import torch
 from zenflow import ZenFlowAdamW
 from zenflow.harness.checks.differential import DIFF_HYPER, SmallNet, make_batches
 from zenflow.harness.checks.verdict import blind_spots, check, control
-from zenflow.host import HostWorker
 from zenflow.link import Link
 from zenflow.selection import num_selected
+from zenflow.worker import HostWorker
 
 # Warm-up round at step 0, first selection at step 1; the window is the steps after it (no reselection in it).
 MEMORY_CASE = {"topk_ratio": 0.25, "update_interval": 4, "select_interval": 64, "full_warm_up_rounds": 1,
