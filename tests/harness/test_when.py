@@ -72,8 +72,8 @@ def test_an_unstamped_record_is_dated_from_its_commit_to_the_commit_of_its_recor
     git(repo, "add", "results/table.md", day="2026-11-26")
     git(repo, "commit", "-q", "-m", "a table remade", day="2026-11-26")
     assert when.runs_day(records, folder) == "2026-11-20 to 2026-11-22"  # the records' commit, not the table's
-    assert when.commit_date(repo, ran_at) == "2026-11-20"
-    assert when.commit_date(repo, "f" * 40) is None
+    assert when.commit_time(repo, ran_at).date().isoformat() == "2026-11-20"
+    assert when.commit_time(repo, "f" * 40) is None
 
 
 def test_a_span_is_unknown_when_any_part_is() -> None:

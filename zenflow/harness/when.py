@@ -50,12 +50,6 @@ def commit_time(folder: Path, commit: str | None) -> datetime | None:
     return datetime.fromisoformat(date) if date else None
 
 
-def commit_date(folder: Path, commit: str | None) -> str | None:
-    """The UTC day (YYYY-MM-DD) of a commit, from git in `folder`; None where git cannot say."""
-    date = commit_time(folder, commit)
-    return _day(date) if date else None
-
-
 def taken(path: Path, stamp: str | None, environment: dict[str, Any], committed_at: dict[str, datetime]) -> Span:
     """When a record or calibration was taken: its `taken_at`; without one, between the time of the commit it ran at
     (its environment's git commit) and the time its file was committed (`committed_at`, from committed())."""
@@ -80,10 +74,9 @@ def runs_day(records: Sequence[RunRecord], folder: Path) -> str:
     undated = [r for r in ok if not r.protocol.get("taken_at")]
     records_committed = max((t for name, t in committed(folder).items() if "/" not in name and name.endswith(".json")),
                             default=None) if undated else None  # the folder's own records, not its remade tables
-    low = [datetime.fromisoformat(r.protocol["taken_at"]) for r in ok if r.protocol.get("taken_at")]
-    low += [commit_time(folder, (r.environment.get("git") or {}).get("commit")) for r in undated]
-    high = [datetime.fromisoformat(r.protocol["taken_at"]) for r in ok if r.protocol.get("taken_at")]
-    high += [records_committed] * len(undated)
+    stamped = [datetime.fromisoformat(r.protocol["taken_at"]) for r in ok if r.protocol.get("taken_at")]
+    low = stamped + [commit_time(folder, (r.environment.get("git") or {}).get("commit")) for r in undated]
+    high = stamped + [records_committed] * len(undated)
     if not low or None in low:
         return UNKNOWN
     first = _day(min(low))

@@ -62,6 +62,14 @@ def _then(row: dict[str, Any], step_key: str, target_key: str, short_of: str) ->
     return f"{row['engine']} {ratio_cell(row_interval(row, step_key))} → {after}"
 
 
+def _survived(row: dict[str, Any], target_key: str, over: str, final: str) -> str:
+    """_then for a row of a time-to-target table: where the engine missed the target in some rounds or seeds (`over`),
+    how often, then `final` (its final result)."""
+    short = row["compared"] - row["reached"]
+    missed = f"missed in {short:.0f} of {row['compared']:.0f} {over}; " if row["reached"] else ""
+    return _then(row, "step_time_speedup", target_key, f"{missed}{final}")
+
+
 def _block(record: dict[str, Any]) -> dict[str, Any]:
     return record["config"]["zero_optimization"]["zenflow"]
 
@@ -188,9 +196,7 @@ def time_to_loss_numbers(f: Files) -> dict[str, Any]:
 
     def said(engine: str) -> str:
         r = rows[engine]
-        missed = f"missed in {r['compared'] - r['reached']:.0f} of {r['compared']:.0f} rounds; " if r["reached"] else ""
-        return _then(r, "step_time_speedup", "time_to_loss_speedup",
-                     f"{missed}smoothed loss {r['final_smoothed_loss']:.2f}")
+        return _survived(r, "time_to_loss_speedup", "rounds", f"smoothed loss {r['final_smoothed_loss']:.2f}")
 
     base = rows["ds-zero-offload"]
     timed = f.by(f"{LLAMA_XEON}/table.csv", "engine")
@@ -212,19 +218,14 @@ def ds_target_numbers(f: Files) -> dict[str, Any]:
     llama = f.by(f"{CONVERGENCE_DS}/convergence.csv", "engine")
     glue = f.by(f"{GLUE_CURVE_DS}/curve.csv", "engine")
 
-    def said(rows: dict[str, dict[str, Any]], engine: str, target_key: str, over: str, final: str) -> str:
-        r = rows[engine]
-        missed = f"missed in {r['compared'] - r['reached']:.0f} of {r['compared']:.0f} {over}; " if r["reached"] else ""
-        return _then(r, "step_time_speedup", target_key, f"{missed}{final}")
-
     when = ran(f, f"{CONVERGENCE_DS}/{INTENDED}-r0.json")
-    return {"ds_llama": "; ".join(said(llama, e, "time_to_loss_speedup", "rounds",
-                                       f"smoothed loss {llama[e]['final_smoothed_loss']:.2f}")
+    return {"ds_llama": "; ".join(_survived(llama[e], "time_to_loss_speedup", "rounds",
+                                            f"smoothed loss {llama[e]['final_smoothed_loss']:.2f}")
                                   for e in (SHIPPED, INTENDED)),
             "ds_llama_runs": int(llama[INTENDED]["runs"]),
             "ds_llama_target": llama["ds-zero-offload"]["final_smoothed_loss"],
-            "ds_glue": "; ".join(said(glue, e, "time_to_accuracy_speedup", "seeds",
-                                      f"final {glue[e]['final_score']:.1f}") for e in (SHIPPED, INTENDED)),
+            "ds_glue": "; ".join(_survived(glue[e], "time_to_accuracy_speedup", "seeds",
+                                           f"final {glue[e]['final_score']:.1f}") for e in (SHIPPED, INTENDED)),
             "ds_glue_seeds": int(glue[INTENDED]["seeds"]), "ds_glue_target": glue["ds-zero-offload"]["target"],
             "ds_hw": when["hw"], "ds_day": when["day"]}
 
@@ -246,10 +247,7 @@ def glue_curve_numbers(f: Files) -> dict[str, Any]:
     rows = {r["engine"]: r for r in f.csv(f"{GLUE_CURVE}/curve.csv")}
 
     def said(engine: str) -> str:
-        r = rows[engine]
-        missed = (f"missed with {r['compared'] - r['reached']:.0f} of {r['compared']:.0f} seeds; " if r["reached"]
-                  else "")
-        return _then(r, "step_time_speedup", "time_to_accuracy_speedup", f"{missed}final {r['final_score']:.1f}")
+        return _survived(rows[engine], "time_to_accuracy_speedup", "seeds", f"final {rows[engine]['final_score']:.1f}")
 
     base = rows["ds-zero-offload"]
     return {"glue_task": base["task"], "glue_seeds": int(base["seeds"]), "glue_target": base["target"],
@@ -366,6 +364,16 @@ def _auto_setting(rows: list[dict[str, Any]], workload: str, knob: str) -> dict[
                  and r[knob] == "auto"), None)
 
 
+def _common_target_numbers(rows: list[dict[str, Any]], judged: dict[str, Any], w: str) -> dict[str, str]:
+    """"auto" against the best fixed setting at the target chosen afterwards (knobs.COMMON): a detail of C11, not the
+    verdict of its rule."""
+    auto = _auto_setting(rows, w, "update_interval")
+    at = judged.get(auto["setting"] if auto else "", {"verdict": "undecided", "why": "not run"})
+    best = next((r for r in rows if r["workload"] == w and r["setting"] == at.get("best_fixed")), None)
+    return {f"{w}_common": at["verdict"], f"{w}_common_auto": _relative(auto),
+            f"{w}_common_best": f"{best['setting']} {_relative(best)}" if best else "none"}
+
+
 def knobs_numbers(f: Files) -> dict[str, Any]:
     """The knobs study (reproduce/knobs.py): "auto" against the best fixed setting, on both workloads (a workload
     not run yet is "undecided")."""
@@ -375,12 +383,8 @@ def knobs_numbers(f: Files) -> dict[str, Any]:
     rows = [r for r in every if r["target"] == "ref-offload"]
     out: dict[str, Any] = {}
     at_common = [r for r in every if r["target"] == "common"]
-    for w in ("llama", "glue"):  # the target chosen afterwards (knobs.COMMON): a detail, not the rule's verdict
-        auto = _auto_setting(at_common, w, "update_interval")
-        at = common.get(w, {}).get(auto["setting"] if auto else "", {"verdict": "undecided", "why": "not run"})
-        best = next((r for r in at_common if r["workload"] == w and r["setting"] == at.get("best_fixed")), None)
-        out |= {f"{w}_common": at["verdict"], f"{w}_common_auto": _relative(auto),
-                f"{w}_common_best": f"{best['setting']} {_relative(best)}" if best else "none"}
+    for w in ("llama", "glue"):
+        out |= _common_target_numbers(at_common, common.get(w, {}), w)
         auto, select = _auto_setting(rows, w, "update_interval"), _auto_setting(rows, w, "select_interval")
         said = judged.get(w, {}).get(auto["setting"] if auto else "", {"verdict": "undecided", "why": "not run"})
         best = next((r for r in rows if r["workload"] == w and r["setting"] == said.get("best_fixed")), None)

@@ -89,9 +89,9 @@ def summarize(records: list[RunRecord]) -> list[dict[str, Any]]:
         majority = [r["majority"] for r in rows]
         rows.append({"task": AVERAGE, "metric": "mean of task scores", "engines": average,
                      "majority": statistics.fmean(majority) if None not in majority else None})
+    shown = families(records)
     for row in rows:
-        row["parity"] = {f: parity(row["engines"].get(z), row["engines"].get(o))
-                         for f, (z, o) in families(records).items()}
+        row["parity"] = {f: parity(row["engines"].get(z), row["engines"].get(o)) for f, (z, o) in shown.items()}
     return rows
 
 
