@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from zenflow.harness import local_inputs
+from zenflow.harness import local_inputs, scale_plan
 from zenflow.harness import memory_plan as mp
 from zenflow.harness.checks import arguments as cc
 from zenflow.harness.checks.preflight import PreflightError, check_async_io, check_build_locks, check_cuda_usable
@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         if shape is None:
             return cc.refuse(f"argument --plan: the shape of {args.model!r} is not on this host (no config.json)")
         print(mp.render(needs, host, args.warmup_steps + args.timed_steps, shape, base))
+        print("\n" + scale_plan.render(base + (0 if cuda else mp.CUDA_CONTEXT)))  # 13B and 70B on 1-8 GPUs
         return 0
     problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume) or cc.setting_problem(out, args.block)
     if problem:

@@ -21,6 +21,7 @@ from zenflow.auto_interval import MassReport
 from zenflow.config import ConfigError, ZenFlowConfig
 from zenflow.device_accumulation import check_saved_counts, interval_sums, restore_sums_
 from zenflow.distributed import Ranks, owner_of
+from zenflow.fsdp import local_of
 from zenflow.host import HostColumns
 from zenflow.link import StagingArena
 from zenflow.ownership import carve_staging
@@ -115,6 +116,7 @@ def unpack(opt: Checkpointed, sd: dict[str, Any]) -> None:
 
 
 def _check_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
+    p = local_of(p)  # FSDP2: this rank's rows
     if isinstance(st, ColumnState) != ("host_master" in entry):
         raise ConfigError(f"state_dict entry for a parameter of shape {tuple(p.shape)} is of the wrong kind "
                           "(column vs dense): the parameters are not the ones it was saved from")
@@ -144,6 +146,7 @@ def _check_ranks(opt: Checkpointed, z: dict[str, Any]) -> None:
 
 
 def _restore_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
+    p = local_of(p)  # FSDP2: this rank's rows
     if not isinstance(st, ColumnState):
         for name in DENSE_TENSORS:
             mine = getattr(st, name)

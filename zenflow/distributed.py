@@ -20,13 +20,14 @@ group's `timeout` (set it at `init_process_group`; docs/distributed.md). The err
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from zenflow.hooks import Observers
 from zenflow.selection import as_columns, column_scores
-from zenflow.state import ColumnState
+from zenflow.state import ColumnState, StepView
 
 NET = "net"  # the direction of transfers between ranks, in the optimizer's byte counters
 
@@ -65,6 +66,9 @@ class SingleProcess:
 
     rank, world = 0, 1
 
+    def view(self, param_groups: list[dict], state: dict) -> StepView:
+        return StepView(param_groups, state)  # the parameters themselves
+
     def owned(self, cols: torch.Tensor, width: int) -> torch.Tensor:
         return cols
 
@@ -94,8 +98,9 @@ class SingleProcess:
         return rms
 
 
-class DataParallel:
-    """This rank's side of the exchange: who owns which host columns, and the collectives of a step."""
+class Collectives:
+    """A process group's collectives as the optimizer runs them: on the training thread, counted in the optimizer's
+    byte counters, a failure raised as DistributedError. DataParallel and zenflow.fsdp.Sharded exchange through it."""
 
     def __init__(self, group: dist.ProcessGroup | None, observers: Observers) -> None:
         self.group = group
@@ -105,6 +110,40 @@ class DataParallel:
         # where tensors must be for this group's collectives (nccl: the current GPU; gloo: the CPU)
         nccl = dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+    def sum_(self, t: torch.Tensor, kind: str) -> None:
+        self._count(kind, t)
+        self._run(dist.all_reduce, t, group=self.group)
+
+    def whole_rms(self, numels: list[int], rms: list[float]) -> list[float]:
+        """Per weight, the RMS of the whole accumulated sum from each rank's RMS of its block ("auto" interval)."""
+        t = torch.tensor([r * r * n for r, n in zip(rms, numels)] + list(numels), dtype=torch.float64)
+        t = t.to(self.device)
+        self.sum_(t, "auto_masses")
+        squares, counts = t[:len(rms)].cpu(), t[len(rms):].cpu()
+        return (squares / counts.clamp(min=1)).sqrt().tolist()
+
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    def _count(self, kind: str, t: torch.Tensor) -> None:
+        self.observers.transfer(NET, kind, t.numel() * t.element_size())
+
+    def _run(self, collective: object, *args: object, **kwargs: object) -> None:
+        try:
+            with self.observers.blocking("collective"):  # exposed communication: I/O in the step's split
+                collective(*args, **kwargs)
+        except Exception as exc:  # gloo: connection closed; nccl/gloo: timeout (the group's `timeout`)
+            raise DistributedError(
+                f"zenflow: rank {self.rank} of {self.world}: {collective.__name__} with the other ranks failed (a "
+                f"rank died or did not answer within the process group's timeout): {exc}") from exc
+
+
+class DataParallel(Collectives):
+    """This rank's side of the exchange: who owns which host columns, and the collectives of a step."""
+
+    def view(self, param_groups: list[dict], state: dict) -> StepView:
+        return StepView(param_groups, state)  # replicated parameters: the step reads them whole
 
     # ---- ownership --------------------------------------------------------------------------------------
     def owners(self, cols: torch.Tensor, width: int) -> torch.Tensor:
@@ -137,10 +176,6 @@ class DataParallel:
                 self._run(dist.broadcast, flat, src=self._global(owner), group=self.group)
                 if owner != self.rank:
                     _unflatten_into(flat, bucket)
-
-    def sum_(self, t: torch.Tensor, kind: str) -> None:
-        self._count(kind, t)
-        self._run(dist.all_reduce, t, group=self.group)
 
     # ---- the pieces of a ZenFlow step ----------------------------------------------------------------------
     def broadcast_from_first_(self, tensors: list[torch.Tensor]) -> None:
@@ -231,32 +266,25 @@ class DataParallel:
         block[:, mine] = source.index_select(1, index)
         return block
 
-    def whole_rms(self, numels: list[int], rms: list[float]) -> list[float]:
-        """Per weight, the RMS of the whole accumulated sum from each rank's RMS of its block ("auto" interval)."""
-        t = torch.tensor([r * r * n for r, n in zip(rms, numels)] + list(numels), dtype=torch.float64)
-        t = t.to(self.device)
-        self.sum_(t, "auto_masses")
-        squares, counts = t[:len(rms)].cpu(), t[len(rms):].cpu()
-        return (squares / counts.clamp(min=1)).sqrt().tolist()
 
-    # ---- helpers ------------------------------------------------------------------------------------------
-    def _global(self, rank: int) -> int:
-        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+class Ranks(Protocol):
+    """What the optimizer holds as `dp`, decided once at construction: a SingleProcess, a DataParallel, or FSDP2's
+    zenflow.fsdp.Sharded. Each step calls every method on every rank, in the same order."""
 
-    def _count(self, kind: str, t: torch.Tensor) -> None:
-        self.observers.transfer(NET, kind, t.numel() * t.element_size())
+    rank: int
+    world: int
 
-    def _run(self, collective: object, *args: object, **kwargs: object) -> None:
-        try:
-            with self.observers.blocking("collective"):  # exposed communication: I/O in the step's split
-                collective(*args, **kwargs)
-        except Exception as exc:  # gloo: connection closed; nccl/gloo: timeout (the group's `timeout`)
-            raise DistributedError(
-                f"zenflow: rank {self.rank} of {self.world}: {collective.__name__} with the other ranks failed (a "
-                f"rank died or did not answer within the process group's timeout): {exc}") from exc
-
-
-Ranks = DataParallel | SingleProcess  # what the optimizer holds as `dp`
+    def view(self, param_groups: list[dict], state: dict) -> StepView: ...
+    def owned(self, cols: torch.Tensor, width: int) -> torch.Tensor: ...
+    def broadcast_from_first_(self, tensors: list[torch.Tensor]) -> None: ...
+    def average_gradients_(self, params: list[torch.Tensor], state: dict) -> None: ...
+    def share_blocks_(self, weights: list[torch.Tensor]) -> None: ...
+    def total_norm(self, params: list[torch.Tensor], state: dict) -> torch.Tensor: ...
+    def column_scores(self, grad: torch.Tensor, norm: str) -> torch.Tensor: ...
+    def share_entering_gradients_(self, grad: torch.Tensor, new_sel: torch.Tensor, old_sel: torch.Tensor) -> None: ...
+    def columns_from_owners(self, source: torch.Tensor, cols: torch.Tensor, width: int,
+                            position: torch.Tensor) -> torch.Tensor: ...
+    def whole_rms(self, numels: list[int], rms: list[float]) -> list[float]: ...
 BUCKET_ELEMENTS = 1 << 25  # per collective: few calls (gloo's latency is per call), bounded extra memory (64 MB bf16)
 
 

@@ -42,13 +42,13 @@ from zenflow.config import (
 )
 from zenflow.device import device_update_, upload_
 from zenflow.device_accumulation import accumulation, land_, landed_then
-from zenflow.distributed import data_parallel
+from zenflow.fsdp import local_of, ranks_for
 from zenflow.hooks import Observed, Observers
 from zenflow.host import GradCopy, host_adamw_
 from zenflow.link import Link, StagingArena
 from zenflow.ownership import prepare_host_, reselect
 from zenflow.selection import as_columns
-from zenflow.state import Clock, ColumnState, DenseState, column_states, host_groups
+from zenflow.state import Clock, ColumnState, DenseState, StepView, column_states, host_groups
 from zenflow.worker import HostWorker
 
 
@@ -70,8 +70,9 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         self.observers = Observers()
         self.link = Link(self.device, self.observers)
         self.arena = StagingArena(self.link)  # every host part's staging buffers: one allocation
-        # data parallelism (zenflow/distributed.py): the default group when initialized, else a SingleProcess
-        self.dp = data_parallel(process_group, self.observers)
+        # how ranks share the work, decided once: FSDP2's row shards (fsdp.py) when the parameters are its DTensors,
+        # else data parallelism (distributed.py) over the default group when initialized, else a SingleProcess
+        self.dp = ranks_for(self._params(), process_group, self.observers, self.config.auto_update)
         self.dp.broadcast_from_first_(self._params())  # every rank starts from rank 0's weights
         self.clock = Clock()
         self.worker = HostWorker(self.config.pt_reserved_cores_perc, self.observers)
@@ -139,13 +140,14 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
             self.clock.select_next = True  # rank them on their first gradient (a reselection: the host part drains)
 
     def _init_state(self, p: torch.Tensor) -> None:
+        rows = local_of(p)  # FSDP2: this rank's rows; otherwise the parameter itself
         if p.dim() < 2:
-            self.state[p] = DenseState.new(p)
+            self.state[p] = DenseState.new(rows)
             return
-        width = as_columns(p).shape[1]
+        width = as_columns(rows).shape[1]
         mine = self.dp.owned(torch.arange(width), width)  # this host's columns: every one, or this rank's block
         overlap = self.config.overlap_step  # two accumulators: the worker reads one while steps fill the other
-        self.state[p] = ColumnState.new(p, mine, n_accumulators=2 if overlap else 1,
+        self.state[p] = ColumnState.new(rows, mine, n_accumulators=2 if overlap else 1,
                                         n_staging=self.accumulation.n_staging)  # device accumulation: none
 
     @property
@@ -176,9 +178,11 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
                 loss = closure()
         self.worker.check()  # a failed background job raises here, never hangs
         self._adopt_new_params()  # unfrozen since the last step
-        self.dp.average_gradients_(self._params(), self.state)  # collectives: every rank, every step
-        usable, self.clip = check_gradients(self._params(), self.state, self.dp, self.observers,
-                                            self.skip_nonfinite, self.gradient_clipping)
+        v = self.dp.view(self.param_groups, self.state)  # the tensors this rank updates (FSDP2: its rows)
+        params = v.params()
+        self.dp.average_gradients_(params, v.state)  # collectives: every rank, every step
+        usable, self.clip = check_gradients(params, v.state, self.dp, self.observers, self.skip_nonfinite,
+                                            self.gradient_clipping)
         if not usable:
             self.clock.skipped_steps += 1  # overflow: skipped on both parts, nothing accumulated
             return loss
@@ -187,23 +191,22 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
             if self.config.topk_ratio > 0:  # topk 0 selects nothing: no drain, no index syncs (audit F9)
                 self.drain()  # the host part must be current before columns change owner
                 with self.observers.blocking("reselect"):
-                    hypers = {id(p): AdamWHyper.of(g) for g in self.param_groups for p in g["params"]}
-                    reselect(self._params(), self.state, self.config, self.link, self.dp, hypers)
+                    hypers = {id(p): AdamWHyper.of(g) for g in v.groups for p in g["params"]}
+                    reselect(params, v.state, self.config, self.link, self.dp, hypers)
                 self.clock.selections += 1
                 self.observers.decided("selection")
             self.clock.select_next = False
-        columns = column_states(self.param_groups, self.state)
-        prepare_host_(self.arena, columns, self.link, self.settle)  # lazy build, staging
+        prepare_host_(self.arena, column_states(v.groups, v.state), self.link, self.settle)  # lazy build, staging
         in_background = self.config.overlap_step and not warm_up
         # host accumulation: the copies start now (CUDA: beside the update); device: nothing crosses before the boundary
-        copies = self.accumulation.start_offload(self._params(), self.state, in_background)
-        device_update_(self.param_groups, self.state, self.clip.device)
-        self._accumulate(copies, in_background)
+        copies = self.accumulation.start_offload(params, v.state, in_background)
+        device_update_(v.groups, v.state, self.clip.device)
+        self._accumulate(v, copies, in_background)
         self.clock.since_boundary += 1
         if warm_up:
-            self._boundary(overlap=False)  # warm-up: a full synchronous offload step
+            self._boundary(v, overlap=False)  # warm-up: a full synchronous offload step
         elif self._boundary_due():
-            self._boundary(overlap=self.config.overlap_step)
+            self._boundary(v, overlap=self.config.overlap_step)
         self.clock.t += 1
         return loss
 
@@ -217,12 +220,12 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         return boundary_due(self.auto_history, self.clock.since_boundary, AUTO_LAG, self.config.max_update_interval,
                             self.config.auto_ratio, self.worker.result)
 
-    def _accumulate(self, copies: list[GradCopy], in_background: bool) -> None:
+    def _accumulate(self, v: StepView, copies: list[GradCopy], in_background: bool) -> None:
         """Add the step's unselected gradient columns into the fp32 sums (the copies on the host, inline or as a
         worker job with overlap_step; the gradients themselves on the device), and keep the "auto" report."""
         auto = self.config.auto_update
-        report = selected_mass(self._params(), self.state, self.link, self.clip.device) if auto else None
-        result, numels = self.accumulation.accumulate(self._params(), self.state, copies, self.clock.slot,
+        report = selected_mass(v.params(), v.state, self.link, self.clip.device) if auto else None
+        result, numels = self.accumulation.accumulate(v.params(), v.state, copies, self.clock.slot,
                                                       self.clip.host, auto, in_background)
         if report is not None:
             report.accumulated = result  # the worker's list of masses, the future of it, or the device's masses
@@ -230,38 +233,38 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
             report.combine = functools.partial(self.dp.whole_rms, numels)
             self.auto_history.append(report)
 
-    def _boundary(self, overlap: bool) -> None:
+    def _boundary(self, v: StepView, overlap: bool) -> None:
         """Host AdamW on the accumulated unselected gradients; upload now (sync) or at the next boundary."""
         self.clock.host_updates += 1
         self.observers.decided("host_update")
         self.clock.since_boundary = 0
         self.auto_history.clear()
         # device accumulation: the interval's sums cross now, once (host: they crossed every step, none ship)
-        shipped = self.accumulation.ship(column_states(self.param_groups, self.state), self.clock.slot)
+        shipped = self.accumulation.ship(column_states(v.groups, v.state), self.clock.slot)
         if not overlap:
             land_(self.link, shipped)  # CUDA sync point: the host update reads them
             with self.observers.blocking("host_update"):
-                _after_uploads(self._upload_events, host_groups(self.param_groups, self.state), self.clock.slot)
-            self._upload()
+                _after_uploads(self._upload_events, host_groups(v.groups, v.state), self.clock.slot)
+            self._upload(v)
             return
         if self.pending is not None:
-            self._finish_pending()  # boundary b+1 applies the result of boundary b
+            self._finish_pending(v)  # boundary b+1 applies the result of boundary b
         # built after _finish_pending: the job must wait for *that* upload's copies (audit item 5)
-        job = functools.partial(_after_uploads, self._upload_events, host_groups(self.param_groups, self.state),
+        job = functools.partial(_after_uploads, self._upload_events, host_groups(v.groups, v.state),
                                 self.clock.slot)
         if shipped:
             job = functools.partial(landed_then, self.link, shipped, job)  # the worker waits for the sums first
         self.pending = self.worker.submit("host_update", job)  # queued after this interval's accumulations (FIFO)
         self.clock.slot = 1 - self.clock.slot  # double buffer: keep accumulating while the worker reads the other
 
-    def _finish_pending(self) -> None:
+    def _finish_pending(self, v: StepView) -> None:
         self.worker.wait(self.pending)  # sync point: ideally already done
         self.pending = None
-        self._upload()
+        self._upload(v)
 
-    def _upload(self) -> None:
+    def _upload(self, v: StepView) -> None:
         # CUDA: the next host job must not overwrite a staging buffer still being read by these copies
-        self._upload_events = upload_(self._params(), self.state, self.link, self.dp)
+        self._upload_events = upload_(v.params(), v.state, self.link, self.dp)
 
     def settle(self) -> None:
         """Nothing may read or write a staging buffer any more: the worker's jobs and the last upload's copies are
@@ -278,11 +281,12 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
 
         Call it before evaluating or saving the model; reselection calls it too.
         """
+        v = self.dp.view(self.param_groups, self.state)
         if self.pending is not None:
-            self._finish_pending()
+            self._finish_pending(v)
         self.worker.quiesce()  # accumulations still queued on the worker
         if self.clock.since_boundary > 0:
-            self._boundary(overlap=False)
+            self._boundary(v, overlap=False)
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -39,7 +39,7 @@ def select_columns(grad: torch.Tensor, k: int, norm: str = "l2", scores: torch.T
 
 def as_columns(t: torch.Tensor) -> torch.Tensor:
     """A parameter (or its gradient) as `[out, in]` (higher ranks flattened): columns are dim 1."""
-    return t.view(t.shape[0], -1)
+    return t.view(t.shape[0], math.prod(t.shape[1:]))  # not -1: FSDP2 may leave a rank no rows
 
 
 def complement(selected: torch.Tensor, width: int) -> torch.Tensor:

@@ -69,6 +69,19 @@ ParamState = ColumnState | DenseState
 
 
 @dataclass
+class StepView:
+    """What a step's functions read: the param groups and the state keyed by the tensors they update. The parameters
+    themselves, or with FSDP2 aliases of this rank's rows (zenflow/fsdp.py: sharded_view)."""
+
+    groups: list[dict]
+    state: dict
+
+    def params(self) -> list[torch.Tensor]:
+        """The trainable parameters, in order."""
+        return [p for g in self.groups for p in g["params"] if p.requires_grad]
+
+
+@dataclass
 class Clock:
     """The step counters, saved with every checkpoint (checkpoint.py reads them with `asdict`)."""
 

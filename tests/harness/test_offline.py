@@ -75,6 +75,7 @@ def test_n_layer_scenario_builds_from_the_checkout_alone(checkout, tmp_path):
                   "--device", "cpu")
     assert planned.returncode == 0, planned.stderr
     assert "1 layers of hidden 4096" in planned.stdout and "ref-zenflow" in planned.stdout
+    assert "| Llama-2-70B | 8 × 80 GB" in planned.stdout  # and the multi-GPU rows (zenflow/harness/scale_plan.py)
 
 
 def test_a_hub_model_not_on_this_host_is_refused_at_once(checkout, tmp_path):

@@ -92,6 +92,12 @@ class ModelShape:
         return sum(self.matrices())
 
     @property
+    def root_params(self) -> int:
+        """The weights outside the decoder layers: the embedding and the head (FSDP2's root group)."""
+        embedding = 0 if self.frozen_embedding else self.vocab * self.hidden
+        return embedding + (0 if self.tied else self.vocab * self.hidden)
+
+    @property
     def dense_params(self) -> int:
         return (2 * self.layers + 1) * self.hidden  # two RMSNorms per layer and the final one
 

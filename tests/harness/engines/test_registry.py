@@ -88,11 +88,12 @@ def test_the_rows_are_the_engine_lists_in_table_order():
     assert configs.ENGINES == tuple(spec.name for spec in registry.ROWS) == registry.engine_names()
     assert configs.ENGINES == ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ds-zenflow-intended",
                                "ds-zero-infinity", "ds-twin-flow", "ref-offload", "ref-offload-gas", "ref-zenflow",
-                               "ref-zenflow-da", "ref-offload-overlap", "fsdp2-offload", "torchao-offload",
-                               "megatron-hybrid-0.1", "megatron-hybrid-0.5", "megatron-hybrid-1.0",
+                               "ref-zenflow-da", "ref-zenflow-fsdp2", "ref-offload-overlap", "fsdp2-offload",
+                               "torchao-offload", "megatron-hybrid-0.1", "megatron-hybrid-0.5", "megatron-hybrid-1.0",
                                "torchao-adamw8bit", "bnb-adamw8bit", "no-offload", "no-offload-fp32")
     # a run without --engines: every row but the opt-in ones (what the committed result sets ran)
-    assert configs.DEFAULT_ENGINES == tuple(e for e in configs.ENGINES if e != "ds-zenflow-intended")
+    assert configs.DEFAULT_ENGINES == tuple(e for e in configs.ENGINES
+                                            if e not in ("ds-zenflow-intended", "ref-zenflow-fsdp2"))
     assert configs.CORE_ENGINES == ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
     assert configs.CONTROL_ENGINES == ("ds-zero-offload-gas", "ref-offload-gas")
     assert configs.PEER_ENGINES == ("ds-zero-infinity", "ds-twin-flow", "ref-offload-overlap", "fsdp2-offload",
@@ -107,6 +108,7 @@ def test_every_name_a_row_points_at_is_a_row():
             assert other is None or (other in ENGINE_SPECS and ENGINE_SPECS[other].family == spec.family), spec.name
     assert {s.name: (s.stall_baseline, s.control) for s in registry.zenflow_engines()} == {
         "ref-zenflow": ("ref-offload", "ref-offload-gas"), "ref-zenflow-da": ("ref-offload", "ref-offload-gas"),
+        "ref-zenflow-fsdp2": ("ref-offload", "ref-offload-gas"),
         "ds-zenflow": ("ds-zero-offload", "ds-zero-offload-gas"),
         "ds-zenflow-intended": ("ds-zero-offload", "ds-zero-offload-gas")}
     assert FAMILIES == {"DeepSpeed": ("ds-zenflow", "ds-zero-offload"), "ours": ("ref-zenflow", "ref-offload")}
@@ -118,7 +120,7 @@ def test_one_cycle_rule_for_the_run_and_the_engine(engine):
     """What a cycle is, derived once (EngineSpec.cycle): U for the ZenFlow engines and the -gas controls, else 1;
     an "auto" interval has no fixed cycle."""
     expected = 4 if engine in ("ds-zenflow", "ds-zenflow-intended", "ref-zenflow", "ref-zenflow-da",
-                               "ds-zero-offload-gas", "ref-offload-gas") else 1
+                               "ref-zenflow-fsdp2", "ds-zero-offload-gas", "ref-offload-gas") else 1
     for block, cycle in (({"update_interval": 4}, expected), ({"update_interval": "auto"}, 1)):
         cfg = deepspeed_config(engine, block, "bf16", 1, lr=1e-3, weight_decay=0.0, clipping=1.0, cuda=False)
         assert RunSpec(engine=engine, label="t", workload={}, ds_config=cfg).cycle == cycle

@@ -68,7 +68,7 @@ class FSDP2Engine(HostAdamWEngine):
         # pin_memory: the host copies are pinned on a GPU host; there is nothing to pin for on the CPU
         policy = dict(mesh=mesh, offload_policy=CPUOffloadPolicy(pin_memory=self.device.type == "cuda"),
                       mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
-        for layer in _layers(self.model):  # one all-gather per decoder layer, as FSDP is meant to be used
+        for layer in decoder_layers(self.model):  # one all-gather per decoder layer, as FSDP is meant to be used
             fully_shard(layer, **policy)
         fully_shard(self.model, **policy)
         # where the parameters are: on the host
@@ -118,7 +118,7 @@ def _dtype(ds_config: dict[str, Any]) -> str:
         "enabled") else "fp32"
 
 
-def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder layers of a Hugging Face causal LM or classifier (`model.model.layers`, `encoder.layer`), else the
     model's direct children."""
     for path in ("model.layers", "bert.encoder.layer", "encoder.layer"):

@@ -44,6 +44,7 @@ from zenflow.harness.engines.optimizer_peers import (
     megatron_hybrid,
 )
 from zenflow.harness.engines.peers import FSDP2Engine, TorchAOEngine
+from zenflow.harness.engines.sharded import ShardedZenFlowEngine
 from zenflow.host import host_bytes
 from zenflow.selection import num_selected
 
@@ -106,6 +107,12 @@ class Shape(Protocol):
     @property
     def column_params(self) -> int: ...
 
+    @property
+    def layers(self) -> int: ...
+
+    @property
+    def root_params(self) -> int: ...
+
     def matrices(self) -> list[int]: ...
 
     def widths(self) -> list[int]: ...
@@ -122,6 +129,7 @@ class MemoryInputs:
     block: dict[str, Any]
     acts: int
     base: int
+    world: int = 1  # ranks (GPUs) sharing the work; the footprint is one rank's (memory_ours_fsdp2 divides by it)
 
     def pin(self, n: int) -> int:
         return pow2(n) if self.cuda else n  # rounding only where torch pins
@@ -161,6 +169,7 @@ def memory_ours(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     accumulate_on = getattr(spec.engine_class, "accumulate_on", "host")
     pinned, pageable = our_host_bytes(shape, topk, m.b, overlap, m.cuda, int(m.block.get("full_warm_up_rounds", 0)),
                                       accumulate_on)
+    pinned, pageable = pinned // m.world, pageable // m.world  # data parallelism: each rank hosts its column block
     host_share = 1 - topk  # the unselected columns' share of each weight
     device: float = m.trained
     device += 12 * (shape.params - shape.column_params) + 12 * (1 - host_share) * shape.column_params  # fp32 state
@@ -169,6 +178,15 @@ def memory_ours(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     elif overlap:
         device += 3 * m.b * host_share * shape.column_params
     return Footprint(device, pinned, pageable)
+
+
+def memory_ours_fsdp2(spec: EngineSpec, m: MemoryInputs) -> Footprint:
+    """ZenFlowAdamW over FSDP2, per rank: 1/W of the model, its gradients and ZenFlow's device state (memory_ours),
+    plus the layers FSDP2 gathers whole (the current and the prefetched one); 1/W of the host state."""
+    ours = memory_ours(spec, m)  # its host bytes are 1/W already
+    layer = (m.shape.column_params - m.shape.root_params) / m.shape.layers  # one decoder layer's weights
+    gathered = m.b * (2 * layer + m.shape.root_params)  # a layer and its prefetched next; the root's, whole
+    return Footprint((ours.device - m.acts) / m.world + gathered + m.acts, ours.pinned, ours.pageable)
 
 
 def memory_deepspeed_offload(spec: EngineSpec, m: MemoryInputs) -> Footprint:
@@ -181,7 +199,7 @@ def memory_deepspeed_offload(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     if spec.cycle_rule == "interval":
         pageable += 16 * P + m.base  # shared fp32 partition, stale copy, 2 gradient buffers; its worker process
         note = "DeepSpeed's ZenFlow worker is a second process"
-    return Footprint(m.trained, pinned, pageable, note)
+    return Footprint(m.trained, pinned / m.world, pageable / m.world, note)  # ZeRO: each rank its partition
 
 
 def memory_overlapped_offload(spec: EngineSpec, m: MemoryInputs) -> Footprint:
@@ -208,7 +226,7 @@ def memory_twin_flow(spec: EngineSpec, m: MemoryInputs) -> Footprint:
 
 def memory_fsdp2(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     """fp32 parameters and gradients per tensor pinned, AdamW's moments; on the device a few gathered layers."""
-    return Footprint(4 * max(m.shape.matrices()) * 4 + m.acts, 2 * m.fp32_each, 8 * m.shape.params)
+    return Footprint(4 * max(m.shape.matrices()) * 4 + m.acts, 2 * m.fp32_each / m.world, 8 * m.shape.params / m.world)
 
 
 def memory_torchao(spec: EngineSpec, m: MemoryInputs) -> Footprint:
@@ -356,6 +374,9 @@ ROWS = (
                stall_baseline="ref-offload", control="ref-offload-gas", memory=memory_ours),
     EngineSpec("ref-zenflow-da", DeviceAccumulationEngine, "ours", "beyond", zenflow_block=ASKED, cycle_rule="interval",
                stall_baseline="ref-offload", control="ref-offload-gas", memory=memory_ours),
+    # ZenFlowAdamW over FSDP2's row shards (issue 35): opt-in, the committed scenario tables were made without it
+    EngineSpec("ref-zenflow-fsdp2", ShardedZenFlowEngine, "ours", "extra", zenflow_block=ASKED, cycle_rule="interval",
+               stall_baseline="ref-offload", control="ref-offload-gas", memory=memory_ours_fsdp2, opt_in=True),
     EngineSpec("ref-offload-overlap", OverlappedOffloadEngine, "ours", "peer", zero=not_deepspeed,
                memory=memory_overlapped_offload),
     EngineSpec("fsdp2-offload", FSDP2Engine, "pytorch", "peer", zero=not_deepspeed, memory=memory_fsdp2),
