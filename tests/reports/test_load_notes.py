@@ -4,7 +4,7 @@ the CPU are named as BUSY, quiet ones are not, and records from before the count
 from __future__ import annotations
 
 from zenflow.harness.records import RunRecord
-from zenflow.reports.scenario import load_notes
+from zenflow.reports.scenario import host_state_notes, load_notes
 
 
 def run(engine: str, outside: float | None, steal: float = 0.0) -> RunRecord:
@@ -41,3 +41,23 @@ def test_a_run_over_ten_percent_is_named_busy_and_the_note_says_so() -> None:
 def test_records_before_the_counters_add_no_note() -> None:
     """Committed tables made from older records regenerate unchanged."""
     assert load_notes([run("no-offload", None), run("ref-zenflow", None)]) == []
+
+
+def ranked(engine: str, world: int, host_state: int | None, rss: int | None = None) -> RunRecord:
+    metrics = {k: v for k, v in (("host_state_bytes", host_state), ("peak_rss_bytes", rss)) if v is not None}
+    return RunRecord(engine=engine, status="ok", protocol={"world_size": world}, metrics=metrics)
+
+
+def test_several_ranks_give_each_engines_host_memory_per_rank() -> None:
+    """Issue 35: the 2-rank table says what each rank holds on its host; an engine that does not count its host
+    state says so rather than showing a number."""
+    notes = host_state_notes([ranked("ref-zenflow-fsdp2", 2, 45_000_000, 595_000_000),
+                              ranked("ref-zenflow", 2, 43_000_000, 566_000_000), ranked("ref-zenflow", 2, 41_000_000),
+                              ranked("fsdp2-offload", 2, None, 592_000_000)])
+    assert notes == ["- Host memory per rank (rank 0's records, medians): ref-zenflow host state 42 MB, peak RSS "
+                     "566 MB; ref-zenflow-fsdp2 host state 45 MB, peak RSS 595 MB; fsdp2-offload host state not "
+                     "counted, peak RSS 592 MB"]
+
+
+def test_one_process_adds_no_host_memory_note() -> None:
+    assert host_state_notes([ranked("ref-zenflow", 1, 43_000_000, 566_000_000)]) == []

@@ -307,6 +307,7 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord],
         notes.append(f"- Same run with vs without the optimizer observer (ref-zenflow, median of runs): "
                      f"{100 * overhead:+.1f}% (separate runs: this includes the run-to-run noise of a shared "
                      "machine; the direct measurement above isolates the telemetry itself)")
+    notes += host_state_notes(records)
     notes += load_notes(records)
     failed = [f"{r.engine}" for r in records if r.status not in ("ok", "skipped")]
     if failed:
@@ -316,6 +317,24 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord],
     for engine in sorted(skipped, key=engine_rank):
         notes.append(f"- Not run: {engine}: {skipped[engine]}")
     return notes
+
+
+def host_state_notes(records: list[RunRecord]) -> list[str]:
+    """With several ranks: each engine's host memory per rank (the optimizer's host state where it counts it, and the
+    process's peak resident set), medians of rank 0's records. One process: none (the memory table has them)."""
+    ranks = [r for r in records if r.status == "ok" and run_world_size(r) > 1]
+    by_engine: dict[str, list[RunRecord]] = {}
+    for r in sorted(ranks, key=lambda r: engine_rank(r.engine)):
+        by_engine.setdefault(r.engine, []).append(r)
+    if not by_engine:
+        return []
+    cells = []
+    for engine, runs in by_engine.items():
+        held = [r.metrics["host_state_bytes"] for r in runs if r.metrics.get("host_state_bytes")]
+        rss = [r.metrics["peak_rss_bytes"] for r in runs if r.metrics.get("peak_rss_bytes")]
+        state = f"host state {statistics.median(held) / 1e6:.0f} MB" if held else "host state not counted"
+        cells.append(f"{engine} {state}" + (f", peak RSS {statistics.median(rss) / 1e6:.0f} MB" if rss else ""))
+    return [f"- Host memory per rank (rank 0's records, medians): {'; '.join(cells)}"]
 
 
 def load_notes(records: list[RunRecord]) -> list[str]:
