@@ -14,7 +14,7 @@ Every trainable parameter with two or more dimensions is a *column param* `W[out
                          inline (sync) or in the background, applied at the next boundary (overlap_step)
 
 The class holds state and order; functions compute: state.py (what is held), device.py and host.py (each side's
-work), ownership.py (selection and moves), clip.py, auto_interval.py, distributed.py (what ranks exchange),
+work), ownership.py (selection and moves), clip.py, auto_interval.py, distributed.py and fsdp.py (what ranks exchange),
 device_accumulation.py (where the unselected columns are summed: HostSums or DeviceSums, chosen once from
 accumulate_on), and worker.py (the background thread, its cores and jobs).
 """

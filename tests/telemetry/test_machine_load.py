@@ -126,11 +126,17 @@ def test_own_root_is_self_unless_a_launcher_runs_several_ranks(monkeypatch: pyte
     """A single process (LOCAL_WORLD_SIZE unset or 1) is its own tree: its launcher's tree can hold sibling jobs
     (make -j, CI), which must count as outside. A rank of a multi-rank run counts its launcher's (every rank)."""
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_SIZE", raising=False)
     assert ml.own_root() == os.getpid()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert ml.own_root() == os.getpid()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert ml.own_root() == os.getppid()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setenv("LOCAL_SIZE", "2")  # DeepSpeed's launcher
+    assert ml.own_root() == os.getppid()
+    monkeypatch.setenv("LOCAL_SIZE", "1")
+    assert ml.own_root() == os.getpid()
 
 
 def test_busy_means_over_a_tenth_of_the_machine_elsewhere() -> None:

@@ -68,7 +68,10 @@ def tree_ticks(root: int) -> int:
 
 def own_root() -> int:
     """The process whose tree is this run: the launcher of a multi-rank run (its ranks are one run), else self."""
-    return os.getppid() if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1 else os.getpid()
+    # torchrun says LOCAL_WORLD_SIZE, DeepSpeed's launcher LOCAL_SIZE: without it a DeepSpeed rank counted the other
+    # rank as another process (47% of the machine "elsewhere" in the first 2-rank FSDP2 set, issue 35)
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1"
+    return os.getppid() if int(local) > 1 else os.getpid()
 
 
 @dataclass
