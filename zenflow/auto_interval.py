@@ -39,12 +39,20 @@ class MassReport:
     # reads them (device accumulation: device_accumulation.DeviceMasses)
     accumulated: Future | list[float] | Callable[[], list[float]] | None = None
     combine: Callable[[list[float]], list[float]] | None = None  # data parallelism: this rank's block -> all ranks'
+    # FSDP2: this rank's rows of the selected columns -> all ranks' (each key's elements here: selected_numels)
+    combine_selected: Callable[[list[float]], list[float]] | None = None
+    selected_numels: list[int] = field(default_factory=list)
 
     def selected_by_key(self) -> dict[int, float]:
         if self.selected_ready is not None:
             self.selected_ready.synchronize()  # long complete: the report is `lag` steps old when read
             self.selected_ready = None
-        return dict(zip(self.keys, self.selected.tolist())) if self.keys else {}
+        if not self.keys:
+            return {}
+        if self.combine_selected is not None:  # once: a collective, met at the same step on every rank
+            combined = self.combine_selected(self.selected.tolist())
+            self.selected, self.combine_selected = torch.tensor(combined, dtype=torch.float64), None
+        return dict(zip(self.keys, self.selected.tolist()))
 
     def accumulated_by_key(self, wait: Callable[[Future], object]) -> dict[int, float]:
         masses = wait(self.accumulated) if isinstance(self.accumulated, Future) else self.accumulated
@@ -101,7 +109,9 @@ def selected_mass(params: list[torch.Tensor], state: dict, link: Link, clip: tor
         if st.sel.numel():
             report.keys.append(key)
             report.positions.append(position)
-            masses.append(rms(as_columns(p.grad).index_select(1, st.sel)))
+            selected = as_columns(p.grad).index_select(1, st.sel)
+            masses.append(rms(selected))
+            report.selected_numels.append(selected.numel())
         position += 1
     if masses:
         values = torch.stack(masses)

@@ -20,6 +20,7 @@ group's `timeout` (set it at `init_process_group`; docs/distributed.md). The err
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -97,6 +98,9 @@ class SingleProcess:
     def whole_rms(self, numels: list[int], rms: list[float]) -> list[float]:
         return rms
 
+    def selected_rms(self, numels: list[int]) -> None:
+        return None  # the selected columns' masses are whole already
+
 
 class Collectives:
     """A process group's collectives as the optimizer runs them: on the training thread, counted in the optimizer's
@@ -141,6 +145,9 @@ class Collectives:
 
 class DataParallel(Collectives):
     """This rank's side of the exchange: who owns which host columns, and the collectives of a step."""
+
+    def selected_rms(self, numels: list[int]) -> None:
+        return None  # the selected columns are averaged on every rank: their masses are whole already
 
     def view(self, param_groups: list[dict], state: dict) -> StepView:
         return StepView(param_groups, state)  # replicated parameters: the step reads them whole
@@ -285,6 +292,7 @@ class Ranks(Protocol):
     def columns_from_owners(self, source: torch.Tensor, cols: torch.Tensor, width: int,
                             position: torch.Tensor) -> torch.Tensor: ...
     def whole_rms(self, numels: list[int], rms: list[float]) -> list[float]: ...
+    def selected_rms(self, numels: list[int]) -> Callable[[list[float]], list[float]] | None: ...
 BUCKET_ELEMENTS = 1 << 25  # per collective: few calls (gloo's latency is per call), bounded extra memory (64 MB bf16)
 
 

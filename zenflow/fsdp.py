@@ -9,6 +9,7 @@ ranks agree on which columns are selected:
   all-reduce of one fp32 number per column gives every rank the same scores, hence the same top-k (the paper's
   "lightweight selection": 1/rows of the gradient's size crosses, never gradients);
 - clipping and overflow: the global norm from each rank's sum of squares of its shards, summed;
+- the "auto" interval: each rank's masses of its rows (selected and accumulated), summed when the rule reads them;
 - the device update, the offload, the host AdamW and the upload: this rank's rows only, on its own device and host.
   Nothing else crosses between ranks; FSDP2 all-gathers the updated rows at the next forward, as it always does.
 
@@ -22,7 +23,9 @@ docs/distributed.md, "FSDP2".
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -33,15 +36,12 @@ from zenflow.selection import column_scores
 from zenflow.state import StepView
 
 
-def ranks_for(params: list[torch.Tensor], process_group: object, observers: Observers, auto_update: bool) -> Ranks:
+def ranks_for(params: list[torch.Tensor], process_group: object, observers: Observers) -> Ranks:
     """The optimizer's strategy, decided once: Sharded when the parameters are FSDP2's DTensors, otherwise data
     parallelism as distributed.data_parallel decides it."""
     if not any(is_dtensor(p) for p in params):
         return data_parallel(process_group, observers)
     mesh = check_sharded(params, process_group)
-    if auto_update:
-        raise ConfigError("update_interval = 'auto' is not allowed with FSDP2's sharded parameters yet: expected an "
-                          "integer (the rule would need the selected columns' mass summed over the ranks' rows)")
     if mesh.size() == 1:
         return OneShard()
     return Sharded(mesh.get_group(), observers)
@@ -145,6 +145,11 @@ class Sharded(Collectives):
         square = square.reshape(1).to(self.device)
         self.sum_(square, "grad_norm")
         return square.sqrt().float()[0].to(device)
+
+    def selected_rms(self, numels: list[int]) -> Callable[[list[float]], list[float]]:
+        """The "auto" interval's selected mass: each rank holds its rows of the selected columns, so their RMS is
+        summed over the ranks as the accumulated sums' is (whole_rms), once, when the rule reads it."""
+        return functools.partial(self.whole_rms, numels)
 
     def column_scores(self, grad: torch.Tensor, norm: str) -> torch.Tensor:
         """Every column's norm over all ranks' rows, the same on every rank: partial sums (of squares for L2, of

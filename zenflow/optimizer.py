@@ -72,7 +72,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         self.arena = StagingArena(self.link)  # every host part's staging buffers: one allocation
         # how ranks share the work, decided once: FSDP2's row shards (fsdp.py) when the parameters are its DTensors,
         # else data parallelism (distributed.py) over the default group when initialized, else a SingleProcess
-        self.dp = ranks_for(self._params(), process_group, self.observers, self.config.auto_update)
+        self.dp = ranks_for(self._params(), process_group, self.observers)
         self.dp.broadcast_from_first_(self._params())  # every rank starts from rank 0's weights
         self.clock = Clock()
         self.worker = HostWorker(self.config.pt_reserved_cores_perc, self.observers)
@@ -231,6 +231,8 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
             report.accumulated = result  # the worker's list of masses, the future of it, or the device's masses
             # each rank accumulates its block: the mass of the whole is summed when it is read
             report.combine = functools.partial(self.dp.whole_rms, numels)
+            # FSDP2: each rank holds its rows of the selected columns too (data parallelism: all of them, averaged)
+            report.combine_selected = self.dp.selected_rms(report.selected_numels)
             self.auto_history.append(report)
 
     def _boundary(self, v: StepView, overlap: bool) -> None:

@@ -88,6 +88,20 @@ def test_fsdp2_at_two_ranks_equals_one_process_on_the_global_batch(name: str, tm
     assert any(not torch.equal(rank0[k], start[k]) for k in start), "nothing trained"
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_the_auto_interval_fires_as_in_one_process(overlap: bool, tmp_path: Path) -> None:
+    """Each rank holds its rows of both the selected and the accumulated columns: both masses are summed over the
+    ranks when the rule reads them, so the boundaries fall where one process's do."""
+    config = {"lr": 0.01, "zenflow": {"topk_ratio": 0.25, "update_interval": "auto", "select_interval": 8,
+                                      "overlap_step": overlap}}
+    torchrun(config, tmp_path)
+    reference, reference_selected = one_process(config)
+    assert max_diff(ranks(tmp_path)[0], reference) < 1e-6
+    assert ranks(tmp_path, "selected")[0] == reference_selected
+    sent = ranks(tmp_path, "bytes")[0]
+    assert sent[("net", "auto_masses")] > 0
+
+
 def test_each_rank_holds_its_rows_host_state_and_sends_one_number_per_column(tmp_path: Path) -> None:
     torchrun(SYNC, tmp_path)
     per_rank = ranks(tmp_path, "bytes")
