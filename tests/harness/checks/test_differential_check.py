@@ -52,7 +52,7 @@ def test_the_cpu_self_check_reports_every_case_with_its_paths():
     assert all(r["host_updates"][0] == r["host_updates"][1] > 0 for r in rows)
     assert {r["case"]: r["columns_moved"][0] > 0 for r in rows} == {
         "ref-offload": False, "ref-zenflow-sync": True, "ref-zenflow-overlap": True, "ref-zenflow-da-overlap": True,
-        "ref-zenflow-fsdp2-overlap": True, d.STRESS: True}
+        d.STRESS: True}
     assert {r["case"]: r["accumulate_on"] for r in rows} == {name: case[2] for name, case in d.CASES.items()} | {
         d.STRESS: "host"}
     assert [c["outcome"] for c in check["controls"]] == ["not run"] * len(d.CONTROLS)

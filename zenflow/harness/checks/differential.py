@@ -48,12 +48,7 @@ CASES: dict[str, tuple[dict[str, Any], float, str]] = {
     # 0.25 is below every step's gradient norm here (0.6-0.85; 1.0 never clips), so every add has a coefficient < 1:
     # an add that dropped it ends 54-79x the tolerance away on the CPU (tests/harness/checks/test_cuda_differential.py).
     "ref-zenflow-da-overlap": ({**ZENFLOW_CASE, "overlap_step": True}, 0.25, "device"),
-    # ZenFlowAdamW over FSDP2's DTensors at one rank (issue 35, zenflow/fsdp.py): the optimizer writes FSDP2's
-    # sharded storage in place while FSDP2's own streams all-gather it; its CPU twin is ref-zenflow-overlap
-    # (tests/harness/checks/test_cuda_differential.py: equal bit for bit on the CPU)
-    "ref-zenflow-fsdp2-overlap": ({**ZENFLOW_CASE, "overlap_step": True}, 1.0, "host"),
 }
-SHARDED = {"ref-zenflow-fsdp2-overlap"}  # the cases whose model is sharded by fully_shard first (one_rank_fsdp2)
 SMALL_WIDTHS = (96, 192, 192, 96)
 # On a GPU the differential's model is wider (≈1.3M parameters): copies long enough for a race to have room.
 CUDA_WIDTHS = (256, 1024, 1024, 256)
@@ -123,48 +118,15 @@ def _moved(before: list[torch.Tensor], after: list[torch.Tensor]) -> int:
     return sum(len(set(old.tolist()) ^ set(new.tolist())) for old, new in zip(before, after) if new is not old)
 
 
-@contextlib.contextmanager
-def one_rank_fsdp2(model: torch.nn.Module, device: str) -> Iterator[None]:
-    """`model` sharded by FSDP2 over a mesh of one rank on `device` (each Linear, then the root), in a process group
-    of one made for the run (gloo for the CPU, nccl for CUDA: one group serves both) and destroyed after it."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    made = not dist.is_initialized()
-    if made:
-        backend = "cpu:gloo,cuda:nccl" if torch.device(device).type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh(torch.device(device).type, (1,))
-        for layer in model.modules():
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        yield
-    finally:
-        if made:
-            dist.destroy_process_group()
-
-
 def train_run(device: str, block: dict[str, Any], clipping: float, steps: int = 24,
               widths: tuple[int, ...] = SMALL_WIDTHS, seed: int = 0, batches: list | None = None,
-              backlog_cycles: int = 0, accumulate_on: str = "host", sharded: bool = False) -> Trained:
-    """train_run_on's run, with the model sharded by FSDP2 at one rank first when `sharded`."""
-    model = SmallNet(widths, seed).to(device)
-    with one_rank_fsdp2(model, device) if sharded else contextlib.nullcontext():
-        return train_run_on(model, device, block, clipping, steps, widths, seed, batches, backlog_cycles,
-                            accumulate_on)
-
-
-def train_run_on(model: torch.nn.Module, device: str, block: dict[str, Any], clipping: float, steps: int,
-                 widths: tuple[int, ...], seed: int, batches: list | None, backlog_cycles: int,
-                 accumulate_on: str) -> Trained:
+              backlog_cycles: int = 0, accumulate_on: str = "host") -> Trained:
     """Train SmallNet with ZenFlowAdamW on `device`. The loop adds no sync of its own (losses stay on the device
     until the end), so copies and compute run as asynchronously as the optimizer lets them: a race has room to
     show. `backlog_cycles` (CUDA): a spin kernel queued on the compute stream after backward, before the optimizer,
     so the optimizer's copies and uploads are issued while compute is that far behind. `accumulate_on`: the
     optimizer's keyword (a case's third field)."""
+    model = SmallNet(widths, seed).to(device)
     data = [(x.to(device), y.to(device)) for x, y in (batches or make_batches(widths, steps, seed))]
     opt = ZenFlowAdamW(model.parameters(), zenflow=copy.deepcopy(block), gradient_clipping=clipping,
                        accumulate_on=accumulate_on, **DIFF_HYPER)
@@ -182,20 +144,16 @@ def train_run_on(model: torch.nn.Module, device: str, block: dict[str, Any], cli
             moved, owners = moved + _moved(owners, now), now
     finally:
         opt.close()
-    whole = (getattr(p, "full_tensor", None) for _, p in model.named_parameters())  # FSDP2: its DTensors
-    out = {name: (gather() if gather else p).detach().to("cpu", copy=True)
-           for (name, p), gather in zip(model.named_parameters(), whole)}
+    out = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
     out[LOSSES] = torch.stack(losses).cpu()  # device->host sync point, once, at the end
     return Trained(out, opt.host_updates, moved)
 
 
 def train_case(device: str, block: dict[str, Any], clipping: float, steps: int = 24,
                widths: tuple[int, ...] = SMALL_WIDTHS, seed: int = 0,
-               batches: list | None = None, accumulate_on: str = "host",
-               sharded: bool = False) -> dict[str, torch.Tensor]:
+               batches: list | None = None, accumulate_on: str = "host") -> dict[str, torch.Tensor]:
     """train_run's tensors: parameters (after close(), which applies every pending host update) and losses."""
-    return train_run(device, block, clipping, steps, widths, seed, batches, accumulate_on=accumulate_on,
-                     sharded=sharded).tensors
+    return train_run(device, block, clipping, steps, widths, seed, batches, accumulate_on=accumulate_on).tensors
 
 
 # ---- comparison ---------------------------------------------------------------------------------------------------
@@ -337,8 +295,8 @@ def run_cases(devices: tuple[str, str], steps: int, cuda: bool) -> tuple[list[di
     cases[STRESS] = (*STRESS_CASE, STRESS_WIDTHS if cuda else SMALL_WIDTHS, BACKLOG_CYCLES if cuda else 0)
     rows, second = [], {}
     for name, (block, clipping, accumulate_on, w, backlog) in cases.items():
-        a, b = (train_run(d, block, clipping, steps, w, backlog_cycles=backlog, accumulate_on=accumulate_on,
-                          sharded=name in SHARDED) for d in devices)
+        a, b = (train_run(d, block, clipping, steps, w, backlog_cycles=backlog, accumulate_on=accumulate_on)
+                for d in devices)
         rows.append(case_row(name, devices, steps, a, b, widths=list(w), clipping=clipping, backlog_cycles=backlog,
                              accumulate_on=accumulate_on))
         second[name] = b

@@ -1,0 +1,54 @@
+"""The refusals of tests/core/test_fsdp_refusals.py, in a process of their own: a process group of one rank and
+DTensors made here would stay referenced by DTensor's caches in the test process, where a later fork (a run child
+started with a preexec_fn) could deadlock in their destructors. Prints one line per case: `name<TAB>outcome`.
+
+    python tests/support/fsdp_refusals.py
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate, distribute_tensor
+
+from zenflow import ZenFlowAdamW
+from zenflow.config import ConfigError
+from zenflow.distributed import SingleProcess
+from zenflow.fsdp import OneShard, is_dtensor, local_of
+
+
+def sharded_linear(mesh: object) -> torch.nn.Module:
+    model = torch.nn.Linear(6, 4)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def refusal(build) -> str:
+    try:
+        build()
+    except ConfigError as exc:
+        return f"refused: {exc}"
+    return "accepted"
+
+
+def main() -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    model = sharded_linear(mesh)
+    chosen = (isinstance(ZenFlowAdamW(model.parameters()).dp, OneShard)
+              and type(ZenFlowAdamW(torch.nn.Linear(6, 4).parameters()).dp) is SingleProcess)
+    local = local_of(model.weight)
+    print(f"choice\t{chosen and all(map(is_dtensor, model.parameters())) and not is_dtensor(local)}"
+          f" {tuple(local.shape)}")
+    plain = torch.nn.Parameter(torch.zeros(3))
+    print("plain\t" + refusal(lambda: ZenFlowAdamW([*model.parameters(), plain])))
+    replicated = torch.nn.Parameter(distribute_tensor(torch.zeros(4, 6), mesh, [Replicate()]))
+    print("replicated\t" + refusal(lambda: ZenFlowAdamW([replicated])))
+    print("group\t" + refusal(lambda: ZenFlowAdamW(sharded_linear(mesh).parameters(), process_group=dist.group.WORLD)))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
