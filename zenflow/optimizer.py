@@ -223,9 +223,9 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
     def _accumulate(self, v: StepView, copies: list[GradCopy], in_background: bool) -> None:
         """Add the step's unselected gradient columns into the fp32 sums (the copies on the host, inline or as a
         worker job with overlap_step; the gradients themselves on the device), and keep the "auto" report."""
-        auto = self.config.auto_update
-        report = selected_mass(v.params(), v.state, self.link, self.clip.device) if auto else None
-        result, numels = self.accumulation.accumulate(v.params(), v.state, copies, self.clock.slot,
+        auto, params = self.config.auto_update, v.params()
+        report = selected_mass(params, v.state, self.link, self.clip.device) if auto else None
+        result, numels = self.accumulation.accumulate(params, v.state, copies, self.clock.slot,
                                                       self.clip.host, auto, in_background)
         if report is not None:
             report.accumulated = result  # the worker's list of masses, the future of it, or the device's masses

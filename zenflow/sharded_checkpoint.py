@@ -105,6 +105,10 @@ def _gather(saved: dict[str, Any], p: torch.Tensor, dp: object) -> dict[str, Any
     if "selected" not in saved:  # dense
         master = local_of(saved["master"]) if "master" in saved else None
         return {"master": master, **{name: local_of(saved[name]) for name in MOMENTS}, "step": saved["step"]}
+    counts = saved["host_counts"]
+    if len(counts) != sum(1 for key in saved if key.startswith("accumulator")):
+        raise ConfigError(f"checkpoint accumulators = {len(counts)} do not match the saved tensors: expected one "
+                          "per slot (a checkpoint written by ShardedState)")
     rows = local_of(p)
     device = rows.device
     master = local_of(saved["master"])
@@ -112,7 +116,6 @@ def _gather(saved: dict[str, Any], p: torch.Tensor, dp: object) -> dict[str, Any
     sel = torch.tensor(saved["selected"], dtype=torch.long)
     cols = dp.owned(complement(sel, width), width)
     moments = {name: local_of(saved[name]) for name in MOMENTS}
-    counts = saved["host_counts"]
     built = saved["host_built"]
     entry = {"sel": sel.to(device), "unsel": cols.to(device), "d_step": saved["d_step"],
              "d_master": master[:, sel].to(device), **{f"d_{n}": m[:, sel].to(device) for n, m in moments.items()},
@@ -122,7 +125,4 @@ def _gather(saved: dict[str, Any], p: torch.Tensor, dp: object) -> dict[str, Any
              "host_staged": saved["host_staged"], "width": width, "host_rows": rows.shape[0]}
     entry["host_accumulators"] = [local_of(saved[f"accumulator{slot}"])[:, cols].contiguous()
                                   for slot in range(len(counts))] if built else []
-    if len(counts) != sum(1 for key in saved if key.startswith("accumulator")):
-        raise ConfigError(f"checkpoint accumulators = {len(counts)} do not match the saved tensors: expected one "
-                          "per slot (a checkpoint written by ShardedState)")
     return entry

@@ -29,11 +29,7 @@ from zenflow.config import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(dp_rank.__file__).resolve()  # tests/support/dp_rank.py, launched by path
 WORLD = 2
-SYNC = {"lr": 0.01, "gradient_clipping": 1.0,
-        "zenflow": {"topk_ratio": 0.25, "update_interval": 2, "select_interval": 4, "overlap_step": False}}
-OVERLAP = {"lr": 0.01, "gradient_clipping": 0.5,
-           "zenflow": {"topk_ratio": 0.25, "update_interval": 3, "select_interval": 3, "overlap_step": True,
-                       "full_warm_up_rounds": 1}}
+SYNC, OVERLAP = dp_rank.SYNC, dp_rank.OVERLAP  # the settings both two-rank test files share
 CONFIGS = {
     "sync-reselect-clip": SYNC,
     "overlap-warmup-reselect-clip": OVERLAP,

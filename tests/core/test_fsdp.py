@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dp_rank
 import fsdp_rank
 import pytest
 import torch
@@ -30,11 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(fsdp_rank.__file__).resolve()
 WORLD = 2
 STEPS = 12
-SYNC = {"lr": 0.01, "gradient_clipping": 1.0,
-        "zenflow": {"topk_ratio": 0.25, "update_interval": 2, "select_interval": 4, "overlap_step": False}}
-OVERLAP = {"lr": 0.01, "gradient_clipping": 0.5,
-           "zenflow": {"topk_ratio": 0.25, "update_interval": 3, "select_interval": 3, "overlap_step": True,
-                       "full_warm_up_rounds": 1}}
+SYNC, OVERLAP = dp_rank.SYNC, dp_rank.OVERLAP  # the settings both two-rank test files share
 CONFIGS = {
     "sync-reselect-clip": SYNC,
     "overlap-warmup-reselect-clip": OVERLAP,

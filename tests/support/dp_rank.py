@@ -22,6 +22,13 @@ import torch.distributed as dist
 from zenflow import ZenFlowAdamW
 
 GLOBAL_BATCH = 8
+# The ZenFlow settings the two-rank tests share (tests/core/test_distributed.py, test_fsdp.py): reselection and
+# clipping in sync mode; warm-up, reselection and clipping with overlap.
+SYNC = {"lr": 0.01, "gradient_clipping": 1.0,
+        "zenflow": {"topk_ratio": 0.25, "update_interval": 2, "select_interval": 4, "overlap_step": False}}
+OVERLAP = {"lr": 0.01, "gradient_clipping": 0.5,
+           "zenflow": {"topk_ratio": 0.25, "update_interval": 3, "select_interval": 3, "overlap_step": True,
+                       "full_warm_up_rounds": 1}}
 
 
 def build_model() -> torch.nn.Module:
@@ -30,13 +37,15 @@ def build_model() -> torch.nn.Module:
                                torch.nn.Linear(24, 6))
 
 
-def global_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def global_batches(steps: int, outputs: int = 6) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, target) of every step's global batch, from the seed alone; `outputs`: the target's width (the
+    FSDP2 tests' model ends in one)."""
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(GLOBAL_BATCH, 12, generator=g), torch.randn(GLOBAL_BATCH, 6, generator=g))
+    return [(torch.randn(GLOBAL_BATCH, 12, generator=g), torch.randn(GLOBAL_BATCH, outputs, generator=g))
             for _ in range(steps)]
 
 
-def train(model: torch.nn.Module, opt: ZenFlowAdamW, batches: list, rank: int, world: int) -> None:
+def train(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list, rank: int, world: int) -> None:
     """Mean loss over this rank's shard: the mean of the ranks' gradients is the global batch's gradient."""
     share = GLOBAL_BATCH // world
     for x, y in batches:

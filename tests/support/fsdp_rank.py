@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+import dp_rank
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -28,8 +29,6 @@ from zenflow import ZenFlowAdamW
 from zenflow.fsdp import Sharded
 from zenflow.sharded_checkpoint import ShardedState
 
-GLOBAL_BATCH = 8
-
 
 def build_model() -> torch.nn.Module:
     torch.manual_seed(0)
@@ -38,9 +37,7 @@ def build_model() -> torch.nn.Module:
 
 
 def global_batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(GLOBAL_BATCH, 12, generator=g), torch.randn(GLOBAL_BATCH, 1, generator=g))
-            for _ in range(steps)]
+    return dp_rank.global_batches(steps, outputs=1)  # the data-parallel tests' batches, for a one-output model
 
 
 def shard_model(model: torch.nn.Module, mixed_precision: bool) -> torch.nn.Module:
@@ -90,13 +87,8 @@ def main() -> None:
         dcp.load(state, checkpoint_id=args.dcp_resume)
         set_model_state_dict(model, state["model"])
         start = state["step"]
-    share = GLOBAL_BATCH // world
     for step in range(start, args.steps):
-        x, y = batches[step]
-        rows = slice(rank * share, (rank + 1) * share)
-        torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
-        opt.step()
-        opt.zero_grad()
+        dp_rank.train(model, opt, batches[step:step + 1], rank, world)  # this rank's share of the global batch
         if args.dcp_save_at is not None and step + 1 == args.dcp_save_at:
             state = {"model": get_model_state_dict(model), "optimizer": ShardedState(opt), "step": step + 1}
             dcp.save(state, checkpoint_id=args.out / "dcp")

@@ -50,11 +50,7 @@ class FSDP2Engine(HostAdamWEngine):
 
     @classmethod
     def unavailable(cls, name: str, cuda: bool) -> str | None:
-        try:
-            from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard  # noqa: F401  (torch >= 2.6)
-        except ImportError as exc:
-            return f"torch {torch.__version__} has no FSDP2 CPUOffloadPolicy ({exc})"
-        return None
+        return fsdp2_missing("CPUOffloadPolicy", "fully_shard")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -111,6 +107,14 @@ class TorchAOEngine(HostAdamWEngine):
             loss = self.model(**model_inputs(batch, self.device)).loss
         loss.backward()
         return loss
+
+
+def fsdp2_missing(*names: str) -> str | None:
+    """Why torch has not got FSDP2's `names` (torch >= 2.6: torch.distributed.fsdp), or None."""
+    import torch.distributed.fsdp as fsdp
+
+    missing = [n for n in names if not hasattr(fsdp, n)]
+    return f"torch {torch.__version__} has no FSDP2 {', '.join(missing)}" if missing else None
 
 
 def _dtype(ds_config: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ import torch
 
 from zenflow import ZenFlowAdamW
 from zenflow.harness.engines.classes import TorchEngine, fingerprints, join_ranks
-from zenflow.harness.engines.peers import decoder_layers
+from zenflow.harness.engines.peers import decoder_layers, fsdp2_missing
 
 
 class ShardedZenFlowEngine(TorchEngine):
@@ -24,11 +24,7 @@ class ShardedZenFlowEngine(TorchEngine):
 
     @classmethod
     def unavailable(cls, name: str, cuda: bool) -> str | None:
-        try:
-            from torch.distributed.fsdp import fully_shard  # noqa: F401  (torch >= 2.6)
-        except ImportError as exc:
-            return f"torch {torch.__version__} has no FSDP2 fully_shard ({exc})"
-        return None
+        return fsdp2_missing("fully_shard")
 
     def build_optimizer(self, distributed: bool) -> ZenFlowAdamW:
         from torch.distributed.device_mesh import init_device_mesh
