@@ -5,7 +5,7 @@ PYTHON ?= python3
 COMMA := ,
 VENV ?= .venv
 
-.PHONY: install test lint bench bench-compare reproduce-llama7b reproduce-glue project clean
+.PHONY: install test lint bench bench-bounds bench-compare reproduce-llama7b reproduce-glue project clean
 
 ifeq ($(strip $(VENV)),)
 PY := $(PYTHON)
@@ -43,6 +43,12 @@ lint: install
 # e.g. ARGS=--benchmark-json=out.json. docs/benchmarks.md
 bench: install
 	$(PY) -m pytest bench/ --benchmark-only $(ARGS)
+
+# Every part of a ZenFlow step against its byte bound (bench/test_bounds.py; docs/benchmarks.md): the run and its
+# table land in results/bounds/<hardware-id>/ even when a part is over its limit (then the exit code is 1).
+bench-bounds: install
+	$(PY) -m pytest bench/test_bounds.py --benchmark-only --benchmark-json=.benchmarks/bounds.json $(ARGS) || failed=1; \
+	$(PY) -m zenflow.reports.bounds .benchmarks/bounds.json --publish results/bounds && exit $${failed:-0}
 
 # Verdict per benchmark (Regression / Suspicious / No change / Improvement / Insufficient data); exit 1 on Regression.
 # BASELINE, CANDIDATE: pytest-benchmark JSON files or folders (newest JSON); MARKDOWN=summary.md; ARGS for more flags.
