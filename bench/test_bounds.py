@@ -4,8 +4,8 @@
 
 Each benchmark times one part through the optimizer's own function, on the state of a real ZenFlowAdamW (one
 weight, `topk_ratio` 0.1, after its first step), and before every round a plain contiguous copy of the bytes that
-part must move at least (the reference, interleaved round by round). extra_info gets `bound_ratio` (median part /
-median copy), its 95% interval over the paired rounds, the bytes and the copy's GB/s. A ratio over its limit in
+part must move at least (the reference, interleaved round by round). extra_info gets `bound_ratio` (part / copy,
+round by round: the geometric mean) and its 95% interval, the bytes and the copy's GB/s. A ratio over its limit in
 `[bound_ratios]` of bench/thresholds.toml fails the benchmark in one line. The device is CUDA when present, else the
 CPU; the shape is in the name, so a smoke run is never compared with a full one.
 """

@@ -2,10 +2,10 @@
 the table of a run (`python -m zenflow.reports.bounds RUN.json`).
 
 A part's *bound* is the time of a plain contiguous copy that moves the bytes the part must move at least, timed on
-the same device in the same run, round by round beside the part. Its *bound ratio* is the part's median time over
-the copy's: 1 means the part runs at the memory system's speed for its bytes; 12 means it spends eleven twelfths of
-its time on something other than moving its bytes (a strided gather, a slow kernel). docs/design.md §4 has the
-table; the bytes are per column weight `[out, in]` with `k` selected columns, `n` host columns and a model dtype
+the same device in the same run, round by round beside the part. Its *bound ratio* is the part's time over the
+copy's, paired by round (their geometric mean): 1 means the part runs at the memory system's speed for its bytes;
+12 means it spends eleven twelfths of its time on something other than moving its bytes (a strided gather, a slow
+kernel). docs/design.md §4 has the table; the bytes are per column weight `[out, in]` with `k` selected columns, `n` host columns and a model dtype
 of `b` bytes:
 
 | part               | what it must move at least                                         | copy          |
@@ -111,20 +111,18 @@ class InterleavedReference:
 
 @dataclass(frozen=True)
 class BoundRatio:
-    ratio: float              # median part time / median reference time
-    low: float | None         # 95% interval of the paired per-round ratios (geometric mean, t on logs)
+    ratio: float              # part time / reference time, paired by round: the geometric mean
+    low: float | None         # its 95% interval (Student's t on the logs of the paired ratios)
     high: float | None
     reference_gbps: float     # the reference copy's speed, bytes copied per second / 1e9
 
 
 def bound_ratio(part_seconds: list[float], reference_seconds: list[float], nbytes: int) -> BoundRatio:
-    """The ratio of medians and the interval of the ratios paired by round (the last rounds of the reference:
-    earlier ones belong to warm-up rounds)."""
+    """The ratios paired by round (the last rounds of the reference: earlier ones belong to warm-up rounds): their
+    geometric mean and its 95% interval; the copy's speed from its median."""
     reference = reference_seconds[-len(part_seconds):]
     iv = ratio_interval(dict(enumerate(part_seconds)), dict(enumerate(reference)))
-    median_ref = statistics.median(reference)
-    return BoundRatio(statistics.median(part_seconds) / median_ref, iv.low if iv else None,
-                      iv.high if iv else None, nbytes / median_ref / 1e9)
+    return BoundRatio(iv.center, iv.low, iv.high, nbytes / statistics.median(reference) / 1e9)
 
 
 def load_limits(path: str | Path = THRESHOLDS_FILE) -> dict[str, float]:
