@@ -5,8 +5,8 @@ A part's *bound* is the time of a plain contiguous copy that moves the bytes the
 the same device in the same run, round by round beside the part. Its *bound ratio* is the part's time over the
 copy's, paired by round (their geometric mean): 1 means the part runs at the memory system's speed for its bytes;
 12 means it spends eleven twelfths of its time on something other than moving its bytes (a strided gather, a slow
-kernel). docs/design.md §4 has the table; the bytes are per column weight `[out, in]` with `k` selected columns, `n` host columns and a model dtype
-of `b` bytes:
+kernel). docs/design.md §4 has the table; the bytes are per column weight `[out, in]` with `k` selected columns,
+`n` host columns and a model dtype of `b` bytes:
 
 | part               | what it must move at least                                         | copy          |
 |--------------------|--------------------------------------------------------------------|---------------|
