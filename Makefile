@@ -44,10 +44,11 @@ lint: install
 bench: install
 	$(PY) -m pytest bench/ --benchmark-only $(ARGS)
 
-# Every part of a ZenFlow step against its byte bound (bench/test_bounds.py; docs/benchmarks.md): the run and its
+# Every part of a ZenFlow step against its byte bound, and ZenFlow's cycle against ZeRO-Offload's step
+# (bench/test_bounds.py, bench/test_step_ratio.py; docs/benchmarks.md): the run and its
 # table land in results/bounds/<hardware-id>/ even when a part is over its limit (then the exit code is 1).
 bench-bounds: install
-	$(PY) -m pytest bench/test_bounds.py --benchmark-only --benchmark-json=.benchmarks/bounds.json $(ARGS) || failed=1; \
+	$(PY) -m pytest bench/test_bounds.py bench/test_step_ratio.py --benchmark-only --benchmark-json=.benchmarks/bounds.json $(ARGS) || failed=1; \
 	$(PY) -m zenflow.reports.bounds .benchmarks/bounds.json --publish results/bounds && exit $${failed:-0}
 
 # Verdict per benchmark (Regression / Suspicious / No change / Improvement / Insufficient data); exit 1 on Regression.

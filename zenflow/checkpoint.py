@@ -23,6 +23,7 @@ from zenflow.device_accumulation import check_saved_counts, interval_sums, resto
 from zenflow.distributed import Ranks, owner_of
 from zenflow.fsdp import local_of
 from zenflow.host import HostColumns
+from zenflow.layout import offloaded_positions, shadow_positions, widen
 from zenflow.link import StagingArena
 from zenflow.ownership import carve_staging
 from zenflow.state import Clock, ColumnState, ParamState, column_states
@@ -66,6 +67,7 @@ def pack(opt: Checkpointed) -> dict[str, Any]:
             sums, counts = interval_sums(st, opt.clock.slot)  # either side's partial sum, as the host holds it
             entry |= {"host_accumulators": sums, "host_counts": counts, "host_step": part.step,
                       "host_staged": part.staged, "width": st.width, "host_rows": part.rows}
+            entry |= _without_shadows(entry, part)  # whole rows: saved as compact (one format, either layout)
         else:
             entry = {name: getattr(st, name) for name in DENSE_TENSORS} | {"step": st.step}
         state[index[id(p)]] = entry
@@ -171,6 +173,39 @@ def _restore_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
     st.d_step = int(entry["d_step"])
     if restored.device_sums:  # device accumulation: the partial sum continues on the device
         restore_sums_(st, entry["host_accumulators"], restored.counts, p.device)
+    if part.whole_rows:  # the saved (compact) columns into whole rows of this host's block, as before the load
+        _widen_(st, block=part.cols)
+
+
+def _without_shadows(entry: dict, part: HostColumns) -> dict:
+    """A whole-rows part's host tensors without its shadows: what a compact part of the same state holds."""
+    if part.shadow.numel() == 0:
+        return {}
+    keep = offloaded_positions(part.n_host, part.shadow)
+    out = {f"host_{name}": part.offloaded(entry[f"host_{name}"]) for name in ("master", "exp_avg", "exp_avg_sq")
+           if entry[f"host_{name}"] is not None}
+    cols = part.cols[keep]
+    return out | {"host_cols": cols, "unsel": cols.to(entry["unsel"].device),
+                  "host_accumulators": [part.offloaded(acc) for acc in entry["host_accumulators"]]}
+
+
+def _widen_(st: ColumnState, block: torch.Tensor) -> None:
+    """A restored compact host part (and its device sum) as whole rows of `block`: the saved columns in their
+    places, zeros in the shadows (never read)."""
+    part = st.host
+    at = torch.searchsorted(block, part.cols)
+    width = block.numel()
+    if part.built:
+        part.master, part.exp_avg, part.exp_avg_sq = (widen(t, at, width)
+                                                      for t in (part.master, part.exp_avg, part.exp_avg_sq))
+        if not part.device_sums:
+            part.accumulators = [widen(acc, at, width) for acc in part.accumulators]
+    if st.d_acc is not None:
+        st.d_acc = widen(st.d_acc, at, width)
+    part.cols, part.whole_rows = block, True
+    part.shadow = shadow_positions(block, st.sel)
+    part.grad_staging, part.param_staging = [], None  # carved again for the wider layout (carve_staging)
+    st.unsel = block.to(st.sel.device)
 
 
 def _check_shape(name: str, mine: torch.Tensor, saved: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ import torch
 from zenflow.adam import AdamWHyper, adamw_
 from zenflow.distributed import Ranks
 from zenflow.host import GradCopy
+from zenflow.layout import take_columns
 from zenflow.link import Link
 from zenflow.selection import as_columns
 from zenflow.state import ColumnState, offloads
@@ -28,7 +29,7 @@ def device_update_(param_groups: list[dict], state: dict, clip: torch.Tensor | N
                     continue
                 st.d_step += 1
                 masters.append(st.d_master)
-                grads.append(as_columns(p.grad).index_select(1, st.sel).float())  # a fresh tensor
+                grads.append(take_columns(as_columns(p.grad), st.sel).float())  # a fresh tensor
                 exp_avgs.append(st.d_exp_avg)
                 exp_avg_sqs.append(st.d_exp_avg_sq)
                 steps.append(st.d_step)
@@ -68,7 +69,8 @@ def start_offload(params: list[torch.Tensor], state: dict, link: Link, turn: int
         if not offloads(p, st):
             continue
         staging = st.host.grad_staging[turn]
-        link.observers.transfer("d2h", "grads", staging.numel() * p.grad.element_size())
+        # what crosses a link: the unselected columns (whole rows on the CPU device copy the shadows too, uncounted)
+        link.observers.transfer("d2h", "grads", st.host.rows * st.host.n_offloaded * p.grad.element_size())
         grad = as_columns(p.grad)
         if link.cuda:
             done = link.gather_to_host(grad, st.unsel, staging)  # gathers now, copies later
@@ -80,17 +82,23 @@ def start_offload(params: list[torch.Tensor], state: dict, link: Link, turn: int
 
 def upload_(params: list[torch.Tensor], state: dict, link: Link, dp: Ranks) -> list[torch.cuda.Event]:
     """Host-owned columns with a staged update go back to the device in the model dtype; with data parallelism
-    every rank then gets the columns the other ranks' hosts updated. Returns the copies' events (CUDA): the next
-    host job must not overwrite a staging buffer still being read."""
-    events, shared = [], []  # shared: every weight whose host columns were updated here
+    every rank then gets the columns the other ranks' hosts updated. Whole rows: the shadows went up with them, so
+    the selected columns are written again from the device's masters (they are what the device holds). Returns the
+    copies' events (CUDA): the next host job must not overwrite a staging buffer still being read."""
+    events, shared = [], []  # shared: every (weight, state) whose host columns were updated here
     for p in params:
         st = state[p]
         if not isinstance(st, ColumnState) or not st.host.staged:
             continue
         st.host.staged = False
-        done = link.scatter_to_device(st.host.param_staging, st.unsel, as_columns(p), "params")
+        part = st.host
+        counted = part.rows * part.n_offloaded * part.param_staging.element_size()  # the shadows cross no link
+        done = link.scatter_to_device(part.param_staging, st.unsel, as_columns(p), "params", counted)
         if done is not None:
             events.append(done)
-        shared.append(as_columns(p))
-    dp.share_blocks_(shared)
+        shared.append((as_columns(p), st))
+    dp.share_blocks_([w for w, _ in shared])
+    for weight, st in shared:
+        if st.host.shadow.numel():
+            weight.index_copy_(1, st.sel, st.d_master.to(weight.dtype))  # the device's own values, exactly
     return events

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zenflow.adam import AdamWHyper, adamw_
+from zenflow.layout import offloaded_positions
 from zenflow.link import Link, aligned
 
 
@@ -44,10 +45,30 @@ class HostColumns:
     accumulators: list[torch.Tensor] = field(default_factory=list)  # per count: [out, n_host] fp32 gradient sums
     grad_staging: list[torch.Tensor] = field(default_factory=list)  # n_staging [out, n_host] landing buffers (views)
     param_staging: torch.Tensor | None = None  # [out, n_host] source of host->device parameter copies (a view)
+    # whole rows (layout.py): `cols` is this host's whole block and `shadow` the positions in it of the selected
+    # columns, which the device holds (stale here, never read); compact: `cols` are the unselected ones, no shadows
+    whole_rows: bool = False
+    shadow: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
 
     @property
     def n_host(self) -> int:
         return self.cols.numel()
+
+    @property
+    def n_offloaded(self) -> int:
+        """Columns whose gradient this host sums and whose values it updates: the part's columns less its shadows."""
+        return self.n_host - self.shadow.numel()
+
+    @property
+    def offloaded_cols(self) -> torch.Tensor:
+        """The columns whose gradient this host sums and whose values it updates (ascending): `cols` less shadows."""
+        return self.offloaded(self.cols.unsqueeze(0)).squeeze(0)
+
+    def offloaded(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` ([out, n_host]) without the shadow columns: itself when there are none."""
+        if self.shadow.numel() == 0:
+            return t
+        return t.index_select(1, offloaded_positions(self.n_host, self.shadow).to(t.device))
 
     @property
     def built(self) -> bool:
@@ -60,17 +81,20 @@ class HostColumns:
 
     @classmethod
     def pending(cls, rows: int, cols: torch.Tensor, dtype: torch.dtype, n_accumulators: int,
-                n_staging: int = 1) -> HostColumns:
+                n_staging: int = 1, whole_rows: bool = False, shadow: torch.Tensor | None = None) -> HostColumns:
         """No buffers yet: the host owns `cols` (every column, or this rank's block of them with data parallelism),
-        whose values are the weight's."""
-        return cls(cols=cols, rows=rows, dtype=dtype, counts=[0] * n_accumulators, n_staging=n_staging)
+        whose values are the weight's; `shadow`: the positions in `cols` of the selected ones (whole rows)."""
+        return cls(cols=cols, rows=rows, dtype=dtype, counts=[0] * n_accumulators, n_staging=n_staging,
+                   whole_rows=whole_rows, shadow=_positions(shadow))
 
     @classmethod
     def create(cls, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, cols: torch.Tensor,
-               dtype: torch.dtype, n_accumulators: int, n_staging: int = 1, step: int = 0) -> HostColumns:
+               dtype: torch.dtype, n_accumulators: int, n_staging: int = 1, step: int = 0,
+               whole_rows: bool = False, shadow: torch.Tensor | None = None) -> HostColumns:
         """A built part from its fp32 state; zero accumulators; staging comes from carve_staging."""
         part = cls(cols=cols, rows=master.shape[0], dtype=dtype, counts=[0] * n_accumulators, n_staging=n_staging,
-                   step=step, master=master, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+                   step=step, master=master, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, whole_rows=whole_rows,
+                   shadow=_positions(shadow))
         if not part.device_sums:  # device accumulation: they are the arena's landing views (carve_staging)
             part.accumulators = [torch.zeros(master.shape) for _ in range(n_accumulators)]
         return part
@@ -111,6 +135,10 @@ class HostColumns:
             return 0
         own = [] if self.device_sums else self.accumulators
         return sum(t.numel() * t.element_size() for t in (self.master, self.exp_avg, self.exp_avg_sq, *own))
+
+
+def _positions(shadow: torch.Tensor | None) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.long) if shadow is None else shadow
 
 
 def grad_staging_count(overlap_step: bool, cuda: bool) -> int:
@@ -188,8 +216,9 @@ def accumulate_(link: Link, copies: list[GradCopy], slot: int, clip_coef: torch.
             acc = part.accumulators[slot]
             # first of the interval: a copy (no zero-fill, no add); clipped inside the same pass over memory
             accumulate_into_(acc, staging, clip_coef, first=part.counts[slot] == 0)
-            if masses is not None:
-                masses.append(float(torch.linalg.vector_norm(acc)) / max(1, acc.numel()) ** 0.5)
+            if masses is not None:  # the sum of the columns this host updates (whole rows: not the shadows)
+                summed = part.offloaded(acc)
+                masses.append(float(torch.linalg.vector_norm(summed)) / max(1, summed.numel()) ** 0.5)
         part.counts[slot] += 1
     return masses
 

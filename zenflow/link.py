@@ -15,6 +15,7 @@ import weakref
 import torch
 
 from zenflow.hooks import Observers
+from zenflow.layout import span, take_columns
 
 ALIGN = 64  # bytes: every staging view starts on a cache line (vector loads of the host kernels, copy bursts)
 
@@ -44,9 +45,11 @@ class Link:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
-    def to_host(self, src: torch.Tensor, dst: torch.Tensor, kind: str) -> torch.cuda.Event | None:
-        """Start a device->host copy; the returned event (CUDA) must be waited on before `dst` is read."""
-        self.observers.transfer("d2h", kind, src.numel() * src.element_size())
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor, kind: str,
+                counted: int | None = None) -> torch.cuda.Event | None:
+        """Start a device->host copy; the returned event (CUDA) must be waited on before `dst` is read. `counted`:
+        the bytes a link carries, when not all of src's (whole rows: not the shadows)."""
+        self.observers.transfer("d2h", kind, src.numel() * src.element_size() if counted is None else counted)
         if not self.cuda:
             with self.observers.blocking("copy_d2h"):
                 dst.copy_(src)
@@ -101,8 +104,8 @@ class Link:
             with self.observers.blocking("copy_d2h"):
                 if every_column:
                     dst.copy_(src)
-                else:
-                    torch.index_select(src, 1, columns, out=dst)
+                else:  # whole rows of a rank's block: a slice copy
+                    take_columns(src, columns, out=dst)
             return None
         compute = torch.cuda.current_stream(self.device)
         block = src if every_column else src.index_select(1, columns)
@@ -116,16 +119,20 @@ class Link:
             done.record(self.d2h_stream)
         return done
 
-    def scatter_to_device(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor,
-                          kind: str) -> torch.cuda.Event | None:
+    def scatter_to_device(self, src: torch.Tensor, columns: torch.Tensor, dst: torch.Tensor, kind: str,
+                          counted: int | None = None) -> torch.cuda.Event | None:
         """`dst[:, columns] = src` with `src` on the host; ordered before later work on the compute stream.
+        `counted`: the bytes a link carries, when not all of src's (whole rows: not the shadows).
         CUDA: returns the event after which `src` may be overwritten."""
-        self.observers.transfer("h2d", kind, src.numel() * src.element_size())
+        self.observers.transfer("h2d", kind, src.numel() * src.element_size() if counted is None else counted)
         every_column = columns.numel() == dst.shape[1]  # columns are ascending and complete: identity
         if not self.cuda:
             with self.observers.blocking("copy_h2d"):
+                run = None if every_column else span(columns)  # whole rows of a rank's block: a slice copy
                 if every_column:
                     dst.copy_(src)
+                elif run is not None:
+                    dst[:, run].copy_(src)
                 else:
                     dst.index_copy_(1, columns, src)
             return None

@@ -16,7 +16,8 @@ Every trainable parameter with two or more dimensions is a *column param* `W[out
 The class holds state and order; functions compute: state.py (what is held), device.py and host.py (each side's
 work), ownership.py (selection and moves), clip.py, auto_interval.py, distributed.py and fsdp.py (what ranks exchange),
 device_accumulation.py (where the unselected columns are summed: HostSums or DeviceSums, chosen once from
-accumulate_on), and worker.py (the background thread, its cores and jobs).
+accumulate_on), layout.py (which columns a host part spans: compact, or whole rows with shadows, chosen once from
+host_layout and the device) and worker.py (the background thread, its cores and jobs).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from zenflow.device_accumulation import accumulation, land_, landed_then
 from zenflow.fsdp import local_of, ranks_for
 from zenflow.hooks import Observed, Observers
 from zenflow.host import GradCopy, host_adamw_
+from zenflow.layout import check_host_layout, whole_rows
 from zenflow.link import Link, StagingArena
 from zenflow.ownership import prepare_host_, reselect
 from zenflow.selection import as_columns
@@ -56,14 +58,19 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0,
                  zenflow: ZenFlowConfig | dict[str, Any] | None = None, *, gradient_clipping: float = 0.0,
-                 skip_nonfinite: bool = False, process_group: Any = None, accumulate_on: str = "host") -> None:
+                 skip_nonfinite: bool = False, process_group: Any = None, accumulate_on: str = "host",
+                 host_layout: str = "auto") -> None:
         self.config = ZenFlowConfig.coerce(zenflow)
         check_hyperparameters(lr, betas, eps, weight_decay, gradient_clipping)
         # where the unselected gradient columns are summed between boundaries: "host" (they cross every step) or
         # "device" (an fp32 sum crosses once per interval; device_accumulation.py); ours, not a DeepSpeed field
         self.accumulate_on = check_accumulate_on(accumulate_on)
+        host_layout = check_host_layout(host_layout)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.device = check_params(self.param_groups)
+        # which columns a host part spans, decided once: the unselected ones (CUDA) or whole rows with the selected
+        # ones as shadows (the CPU device, where no torch kernel moves columns at copy speed); layout.py; ours
+        self.whole_rows = whole_rows(host_layout, self.device)
         self.gradient_clipping = float(gradient_clipping)
         self.skip_nonfinite = skip_nonfinite or self.gradient_clipping > 0
         self.select_interval = self.config.resolved_select_interval()
@@ -148,7 +155,8 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         mine = self.dp.owned(torch.arange(width), width)  # this host's columns: every one, or this rank's block
         overlap = self.config.overlap_step  # two accumulators: the worker reads one while steps fill the other
         self.state[p] = ColumnState.new(rows, mine, n_accumulators=2 if overlap else 1,
-                                        n_staging=self.accumulation.n_staging)  # device accumulation: none
+                                        n_staging=self.accumulation.n_staging,  # device accumulation: none
+                                        whole_rows=self.whole_rows)
 
     @property
     def host_state_bytes(self) -> int:

@@ -17,8 +17,9 @@ from zenflow.adam import AdamWHyper, rebase_moment_
 from zenflow.config import ZenFlowConfig
 from zenflow.distributed import Ranks
 from zenflow.host import HostColumns
+from zenflow.layout import host_columns, shadow_positions, take_columns
 from zenflow.link import Link, StagingArena
-from zenflow.selection import as_columns, complement, num_selected, select_columns
+from zenflow.selection import as_columns, num_selected, select_columns
 from zenflow.state import ColumnState, offloads
 
 
@@ -54,24 +55,28 @@ def move_columns(st: ColumnState, new_sel: torch.Tensor, weight: torch.Tensor, l
         return  # nobody changes owner: nothing moves
     if old_sel.numel() == 0:
         st.d_step = part.step  # first selection: the device continues the host's count
-    new_host_cols = dp.owned(complement(new_sel, width), width)  # this host's: every one, or this rank's block
+    block = dp.owned(torch.arange(width), width)  # this host's columns: every one, or this rank's block
+    new_host_cols = host_columns(block, new_sel, part.whole_rows)  # whole rows: the block, shadows and all
+    layout = dict(whole_rows=part.whole_rows, shadow=shadow_positions(new_host_cols, new_sel))
     if part.built:
-        new_device = _move_built(st, part, old_sel, new_sel, new_host_cols, link, hp, dp)
+        new_device = _move_built(st, part, old_sel, new_sel, new_host_cols, link, hp, dp, layout)
     elif old_sel.numel() == 0:  # never built: the device's columns come from the weight, the host keeps none
         master = weight.index_select(1, new_sel.to(device)).float()  # a fresh tensor, exact for any model dtype
         new_device = dict(master=master, exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
-        st.host = HostColumns.pending(part.rows, new_host_cols, part.dtype, len(part.counts), part.n_staging)
+        st.host = HostColumns.pending(part.rows, new_host_cols, part.dtype, len(part.counts), part.n_staging,
+                                      **layout)
     else:
         raise RuntimeError("zenflow: a host part was never built although columns are on the device")
     st.d_master, st.d_exp_avg, st.d_exp_avg_sq = new_device["master"], new_device["exp_avg"], new_device["exp_avg_sq"]
     st.sel, st.unsel = new_sel.to(device), new_host_cols.to(device)
-    link.observers.transfer("h2d", "indices", new_host_cols.numel() * 8)
+    link.observers.transfer("h2d", "indices", st.host.n_offloaded * 8)  # a link carries no shadow's index
 
 
 def _move_built(st: ColumnState, part: HostColumns, old_sel: torch.Tensor, new_sel: torch.Tensor,
-                new_host_cols: torch.Tensor, link: Link, hp: AdamWHyper, dp: Ranks) -> dict:
+                new_host_cols: torch.Tensor, link: Link, hp: AdamWHyper, dp: Ranks, layout: dict) -> dict:
     """Move between a built host part and the device; the new host part replaces the old one (its staging is carved
-    at the next step), one parameter at a time. Returns the new device buffers."""
+    at the next step), one parameter at a time. Returns the new device buffers. Whole rows: a column leaving the
+    device overwrites its shadow; one entering it is read from the host, where it was no shadow."""
     device, width = st.sel.device, st.width
     on_device = _positions(old_sel, width)  # column -> position in the device buffers, or -1
     on_host = _positions(part.cols, width)  # column -> position in this host's buffers, or -1
@@ -93,7 +98,8 @@ def _move_built(st: ColumnState, part: HostColumns, old_sel: torch.Tensor, new_s
         new_device[name] = _merge(new_sel.to(device), old_sel.to(device), on_device_buffer, entering.to(device),
                                   _send(link, moved_up, device, kind), on_device.to(device))
     st.host = HostColumns.create(**new_host, cols=new_host_cols, dtype=part.dtype,
-                                    n_accumulators=len(part.counts), n_staging=part.n_staging, step=part.step)
+                                    n_accumulators=len(part.counts), n_staging=part.n_staging, step=part.step,
+                                    **layout)
     return new_device
 
 
@@ -140,8 +146,9 @@ def build_host_parts_(pending: list[tuple[torch.Tensor, ColumnState]], link: Lin
     for p, st in pending:
         part = st.host
         weight = as_columns(p)
-        block = weight if part.n_host == weight.shape[1] else weight.index_select(1, st.unsel)
-        link.wait(link.to_host(block, part.param_staging, "master"))  # sync point: once per parameter
+        block = weight if part.n_host == weight.shape[1] else take_columns(weight, st.unsel)
+        counted = part.rows * part.n_offloaded * block.element_size()  # whole rows: the shadows cross no link
+        link.wait(link.to_host(block, part.param_staging, "master", counted))  # sync point: once per parameter
         part.build_()
 
 
@@ -166,10 +173,11 @@ def _positions(columns: torch.Tensor, width: int) -> torch.Tensor:
 
 def _merge(wanted: torch.Tensor, kept_cols: torch.Tensor, kept: torch.Tensor, arriving_cols: torch.Tensor,
            arriving: torch.Tensor, kept_pos: torch.Tensor) -> torch.Tensor:
-    """Columns `wanted` (ascending), taken from `kept` where listed in `kept_cols`, else from `arriving`
-    (whose columns `arriving_cols` are ascending too, so both keep their order)."""
+    """Columns `wanted` (ascending), taken from `arriving` where listed in `arriving_cols` (ascending too, so both
+    keep their order), else from `kept` (where listed in `kept_cols`). Arriving wins: a whole-rows host part keeps
+    a shadow of every column that arrives from the device."""
     out = torch.empty(kept.shape[0], wanted.numel(), dtype=kept.dtype, device=kept.device)
-    from_kept = kept_pos[wanted] >= 0
+    from_kept = (kept_pos[wanted] >= 0) & ~torch.isin(wanted, arriving_cols)
     out[:, from_kept] = kept.index_select(1, kept_pos[wanted[from_kept]])
     out[:, ~from_kept] = arriving
     return out

@@ -40,7 +40,7 @@ class ColumnState:
 
     host: HostColumns           # this host's unselected columns (every one, or this rank's block of them)
     sel: torch.Tensor           # [k] int64 on the device, ascending: the device-owned (selected) columns
-    unsel: torch.Tensor         # host.cols on the device: the columns the offload gathers
+    unsel: torch.Tensor         # host.cols on the device: the columns the offload gathers (whole rows: shadows too)
     width: int                  # in: the weight's column count
     d_master: torch.Tensor      # [out, k] fp32 on the device: the selected columns' master values
     d_exp_avg: torch.Tensor     # [out, k] fp32
@@ -53,11 +53,13 @@ class ColumnState:
     d_acc_shipped: torch.cuda.Event | None = None  # CUDA: d_acc's last ship; the next write waits for it
 
     @classmethod
-    def new(cls, p: torch.Tensor, mine: torch.Tensor, n_accumulators: int, n_staging: int) -> ColumnState:
-        """Nothing selected yet; `mine`: the columns this host owns (ascending, on the CPU)."""
+    def new(cls, p: torch.Tensor, mine: torch.Tensor, n_accumulators: int, n_staging: int,
+            whole_rows: bool = False) -> ColumnState:
+        """Nothing selected yet; `mine`: the columns this host owns (ascending, on the CPU); `whole_rows`: the host
+        part's layout (layout.py), for the whole run."""
         w = as_columns(p)
         # no host buffer yet: built at its first offload (ownership.prepare_host_), of the host's columns only
-        host = HostColumns.pending(w.shape[0], mine, p.dtype, n_accumulators, n_staging)
+        host = HostColumns.pending(w.shape[0], mine, p.dtype, n_accumulators, n_staging, whole_rows=whole_rows)
         sel = torch.empty(0, dtype=torch.long, device=p.device)
         unsel = mine.to(p.device)
         empty = torch.zeros(w.shape[0], 0, dtype=torch.float32, device=p.device)

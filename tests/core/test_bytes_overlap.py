@@ -36,7 +36,8 @@ def grads_per_step(device: torch.device) -> tuple[list[int], int]:
     gen = torch.Generator().manual_seed(0)
     weights = [torch.nn.Parameter(torch.randn(ROWS, w, generator=gen).to(device)) for w in WIDTHS]
     seen = []
-    with ZenFlowAdamW(weights, lr=1e-2, zenflow=BLOCK) as opt:
+    # compact host parts: the layout of a CUDA device, whose staging this counts (the CPU twin fakes only the link)
+    with ZenFlowAdamW(weights, lr=1e-2, zenflow=BLOCK, host_layout="compact") as opt:
         for _ in range(STEPS):
             for w in weights:
                 w.grad = torch.randn(w.shape, generator=gen).to(device)

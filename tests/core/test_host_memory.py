@@ -1,6 +1,8 @@
 """The host memory ZenFlowAdamW holds (audit gpu-2 F1 fixes 3-5, F9): no full-width host state at construction,
 host buffers only for host-owned columns, every staging buffer a view into one arena, `host_state_bytes` equal to
-`host.host_bytes` and to a hand computation, and no selection work at all with topk_ratio 0."""
+`host.host_bytes` and to a hand computation, and no selection work at all with topk_ratio 0. Every optimizer here is
+`host_layout="compact"`: the host memory of a GPU host, what host.host_bytes and the memory plan describe; whole
+rows (the CPU device's default) hold every column of the block, tests/core/test_host_layout.py."""
 
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ def test_nothing_is_held_before_the_first_step_and_only_host_columns_after_it(fe
     host holds master, moments and 1 or 2 accumulators (4 bytes each) of the host-owned columns only, and an arena
     of 2 views per weight (gradient and parameter staging), each rounded up to 64 bytes."""
     model = Interleaved(WIDTHS, seed=0)
-    opt = zenflow_opt(model, topk_ratio=0.25, update_interval=2, select_interval=2, overlap_step=overlap)
+    opt = zenflow_opt(model, host_layout="compact", topk_ratio=0.25, update_interval=2, select_interval=2,
+                      overlap_step=overlap)
     assert opt.host_state_bytes == 0 and not any(part.built for part in parts(opt, model))
     # [20, 12]: k = 3, 20 x 9 = 180; [9, 20]: k = 5, 9 x 15 = 135; [5, 9]: k = 3, 5 x 6 = 30
     n_acc = 2 if overlap else 1
@@ -71,8 +74,8 @@ def test_host_state_bytes_is_host_bytes_exactly(feed, zenflow_opt, dtype, overla
     """Before the first step, during warm-up (full width), after the first selection and after later reselections
     (the arena keeps the largest layout it has had: with warm-up, the full width)."""
     model = Interleaved(WIDTHS, dtype=dtype, seed=0)
-    opt = zenflow_opt(model, topk_ratio=0.25, update_interval=2, select_interval=3, full_warm_up_rounds=warm,
-                  overlap_step=overlap)
+    opt = zenflow_opt(model, host_layout="compact", topk_ratio=0.25, update_interval=2, select_interval=3,
+                      full_warm_up_rounds=warm, overlap_step=overlap)
     b = torch.finfo(dtype).bits // 8
     expect = lambda host, arena=None: host_bytes(host, b, overlap_step=overlap, cuda=False,  # noqa: E731
                                                   arena_elements=arena)
@@ -87,7 +90,7 @@ def test_host_state_bytes_is_host_bytes_exactly(feed, zenflow_opt, dtype, overla
 
 def test_a_reselection_keeps_the_arena_and_its_places(feed, zenflow_opt):
     model = Interleaved(WIDTHS, seed=0)
-    opt = zenflow_opt(model, topk_ratio=0.25, update_interval=2, select_interval=2)
+    opt = zenflow_opt(model, host_layout="compact", topk_ratio=0.25, update_interval=2, select_interval=2)
     grads = grad_stream(model, 6, seed=3)
     feed(model, opt, [grads[0]])
     buffer = opt.arena.buffer
@@ -129,7 +132,7 @@ def _peak_rss_delta(warm: int) -> int:
             f.write("5")  # resets the peak (VmHWM) to now: an earlier transient peak cannot hide this one
         before = status("VmRSS")
         opt = ZenFlowAdamW(w.parameters(), zenflow={{"topk_ratio": 0.1, "update_interval": 4,
-                                                     "full_warm_up_rounds": {warm}}})
+                                                     "full_warm_up_rounds": {warm}}}, host_layout="compact")
         for _ in range({warm} + 1):
             opt.step()
         print(status("VmHWM") - before)
@@ -153,7 +156,8 @@ def assert_one_arena(opt: ZenFlowAdamW, model: torch.nn.Module) -> None:
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 def test_staging_buffers_are_views_of_one_allocation_of_their_exact_sum(feed, zenflow_opt, overlap):
     model = Interleaved(WIDTHS, dtype=torch.bfloat16, seed=0)
-    opt = zenflow_opt(model, topk_ratio=0.25, update_interval=2, select_interval=4, overlap_step=overlap)
+    opt = zenflow_opt(model, host_layout="compact", topk_ratio=0.25, update_interval=2, select_interval=4,
+                      overlap_step=overlap)
     for g in grad_stream(model, 6, seed=4):
         feed(model, opt, [g])
         assert_one_arena(opt, model)
@@ -167,7 +171,7 @@ def test_late_parameters_grow_the_arena_to_the_exact_new_sum(feed):
     model = Interleaved(WIDTHS, seed=0)
     params = list(model.parameters())
     opt = ZenFlowAdamW(params[:4], lr=1e-2, zenflow={"topk_ratio": 0.25, "update_interval": 2,
-                                                     "overlap_step": True})
+                                                     "overlap_step": True}, host_layout="compact")
     grads = grad_stream(model, 5, seed=5)
     feed(model, opt, [grads[0]])
     first = opt.host_staging_bytes
@@ -202,7 +206,7 @@ def roundtrip(sd: dict) -> dict:
 
 @pytest.mark.parametrize("stop_at", [0, 1, 5])
 def test_resume_before_and_after_the_first_step_is_bit_exact_and_stays_small(feed, zenflow_opt, stop_at):
-    config = dict(topk_ratio=0.25, update_interval=3, select_interval=4, overlap_step=True)
+    config = dict(host_layout="compact", topk_ratio=0.25, update_interval=3, select_interval=4, overlap_step=True)
     grads = grad_stream(Interleaved(WIDTHS, seed=0), 9, seed=6)
     model = Interleaved(WIDTHS, seed=0)
     start = clone_model(model)
@@ -233,7 +237,7 @@ def test_resume_before_and_after_the_first_step_is_bit_exact_and_stays_small(fee
 
 def test_parts_not_built_yet_shard_and_consolidate(zenflow_opt):
     model = Interleaved(WIDTHS, seed=0)
-    sd = zenflow_opt(model, topk_ratio=0.25).state_dict()
+    sd = zenflow_opt(model, host_layout="compact", topk_ratio=0.25).state_dict()
     blocks = [shard(sd, rank, 2) for rank in range(2)]
     back = consolidate(blocks)
     for key, entry in sd["state"].items():
@@ -259,7 +263,7 @@ def test_topk_zero_never_reselects(feed, zenflow_opt, topk, reselects):
     torch's fused AdamW bit for bit. Control: the same block with topk 0.25 reselects every step."""
     model = Interleaved(WIDTHS, seed=0)
     ref = clone_model(model)
-    opt = zenflow_opt(model, topk_ratio=topk, update_interval=1, select_interval=1)
+    opt = zenflow_opt(model, host_layout="compact", topk_ratio=topk, update_interval=1, select_interval=1)
     blocks = Blocks()
     opt.add_observer(blocks)
     adamw = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1, fused=True)

@@ -28,18 +28,19 @@ def column_state(opt, p: torch.Tensor) -> dict:
     code here that reads the optimizer's state layout (adapt them, not the tests, if the layout changes)."""
     st = opt.state[p]
     part = st.host
-    width = part.n_host + st.sel.numel()
-    sel, host_cols = st.sel.cpu(), part.cols
+    width = st.width
+    sel, host_cols = st.sel.cpu(), part.offloaded_cols  # whole rows: not the shadows of the selected columns
     out: dict = {"sel": sel.clone(), "d_step": st.d_step, "h_step": part.step}
     steps = torch.zeros(width, dtype=torch.float64)
     steps[host_cols], steps[sel] = float(part.step), float(st.d_step)
     out["steps"] = steps
     master = torch.zeros(p.shape[0], width, dtype=torch.float64)
-    master[:, host_cols], master[:, sel] = part.master.double(), st.d_master.double().cpu()
+    master[:, host_cols], master[:, sel] = part.offloaded(part.master).double(), st.d_master.double().cpu()
     out["master"] = master
     for name, beta in (("exp_avg", BETAS[0]), ("exp_avg_sq", BETAS[1])):
         raw = torch.zeros(p.shape[0], width, dtype=torch.float64)
-        raw[:, host_cols], raw[:, sel] = getattr(part, name).double(), getattr(st, f"d_{name}").double().cpu()
+        raw[:, host_cols], raw[:, sel] = (part.offloaded(getattr(part, name)).double(),
+                                          getattr(st, f"d_{name}").double().cpu())
         # a zero count means a zero moment (nothing to correct); keep the raw value there
         correction = torch.where(steps > 0, 1 - beta ** steps, torch.ones_like(steps))
         out[name], out[f"{name}_hat"] = raw, raw / correction
@@ -200,7 +201,8 @@ class ParamsAtReselection:
         for p in column_params(self.model):
             part = self.opt.state[p].host
             ok &= not any(part.counts) and not part.staged
-            ok &= torch.equal(p.detach().view(p.shape[0], -1)[:, part.cols].float(), part.master)
+            columns = part.offloaded_cols  # whole rows: the shadows hold stale values, the device the true ones
+            ok &= torch.equal(p.detach().view(p.shape[0], -1)[:, columns].float(), part.offloaded(part.master))
         self.drained.append(bool(ok))
 
     def on_block_end(self, what: str) -> None:

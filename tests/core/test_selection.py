@@ -36,7 +36,7 @@ def test_selection_is_per_parameter_topk_with_1d_params_before_each_weight(zenfl
         width = g.reshape(g.shape[0], -1).shape[1]
         k = num_selected(width, ratio)
         assert opt.state[p].sel.tolist() == brute_force_topk(g, k, norm)
-        assert sorted(opt.state[p].host.cols.tolist()) == sorted(
+        assert sorted(opt.state[p].host.offloaded_cols.tolist()) == sorted(
             set(range(width)) - set(brute_force_topk(g, k, norm)))
 
 

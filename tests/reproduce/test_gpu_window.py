@@ -121,7 +121,10 @@ def test_publish_gives_the_tables_and_refuses_a_cpu_set_in_results(rehearsal, tm
     records = read_records(tmp_path / "llama7b" / "nvidia-test-gpu" / "llama2-7b-4L")
     ran = sum(r.status == "ok" and r.protocol.get("telemetry", True) for r in records)
     assert cells[6] == f"{ran} / {len(gpu_window.ENGINES) - ran}"  # every engine of the window: run or cut
-    assert cells[1].endswith("(1 run)") and cells[7].startswith(time.strftime("%Y-%m-%d"))
+    # ref-zenflow's speedup is over ds-zero-offload's step: one run of each when the deadline left both, else none
+    both = {r.engine for r in records if r.status == "ok"} >= {"ref-zenflow", "ds-zero-offload"}
+    assert cells[1].endswith("(1 run)") if both else cells[1] in ("—", "not run"), (cells[1], both)
+    assert cells[7].startswith(time.strftime("%Y-%m-%d"))
     refused = subprocess.run([*WINDOW, "--publish", str(archive)], capture_output=True, text=True, timeout=300,
                              cwd=ROOT)
     assert refused.returncode == 2 and "cpu-scale" in refused.stderr and len(refused.stderr.splitlines()) == 1

@@ -85,7 +85,7 @@ def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, 
     return losses
 
 
-OPTIMIZER_KEYWORDS = ("lr", "weight_decay", "betas", "eps", "gradient_clipping", "skip_nonfinite")
+OPTIMIZER_KEYWORDS = ("lr", "weight_decay", "betas", "eps", "gradient_clipping", "skip_nonfinite", "host_layout")
 
 
 def column_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -94,7 +94,8 @@ def column_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def zenflow(model: torch.nn.Module, **block) -> ZenFlowAdamW:
     """ZenFlowAdamW over `model`'s parameters: lr 1e-2, weight decay 0.1, select_interval 10 000 unless given;
-    betas, eps, gradient_clipping and skip_nonfinite go to the optimizer, every other keyword to the zenflow block."""
+    betas, eps, gradient_clipping, skip_nonfinite and host_layout go to the optimizer, every other keyword to the
+    zenflow block."""
     block.setdefault("select_interval", 10_000)
     hyper = {k: block.pop(k) for k in OPTIMIZER_KEYWORDS if k in block}
     hyper.setdefault("lr", 1e-2)

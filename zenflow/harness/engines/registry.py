@@ -46,6 +46,7 @@ from zenflow.harness.engines.optimizer_peers import (
 from zenflow.harness.engines.peers import FSDP2Engine, TorchAOEngine
 from zenflow.harness.engines.sharded import ShardedZenFlowEngine
 from zenflow.host import host_bytes
+from zenflow.layout import whole_rows
 from zenflow.selection import num_selected
 
 # ZeRO-Offload expressed as a ZenFlow block: nothing selected, every step a synchronous host update.
@@ -265,9 +266,12 @@ def our_host_bytes(shape: Shape, topk: float, b: int, overlap: bool, cuda: bool,
     """ZenFlowAdamW's host buffers (pinned, pageable) at their peak, from the optimizer's own formula
     (`zenflow.host.host_bytes`, what `host_state_bytes` equals): fp32 master, moments and accumulators of the
     host-owned columns (k = ceil(topk·in) selected; every column while warm-up steps run), and the staging arena
-    (pinned on CUDA, exact: docs/host-worker.md). With warm-up the arena keeps its full-width size."""
+    (pinned on CUDA, exact: docs/host-worker.md). With warm-up the arena keeps its full-width size. On the CPU device
+    the host parts span whole rows (zenflow/layout.py: the selected columns as shadows), so every column."""
     full = shape.matrices()
     host = [numel // width * (width - num_selected(width, topk)) for numel, width in zip(full, shape.widths())]
+    if whole_rows("auto", torch.device("cuda" if cuda else "cpu")):
+        host = full
     held = host_bytes(full if warm_up > 0 else host, b, overlap_step=overlap, cuda=cuda,
                       arena_elements=full if warm_up > 0 else host, accumulate_on=accumulate_on)
     arena = host_bytes([0] * len(full), b, overlap_step=overlap, cuda=cuda,
