@@ -39,9 +39,10 @@ def candidates(g: torch.Tensor, cols: torch.Tensor, label: str) -> dict[str, Cal
             torch.index_select(blocks[b], 0, flat, out=dst_blocks[b])
 
     return {
-        f"gather {label}: index_select dim 1 (the optimizer's)": lambda: torch.index_select(g, 1, cols, out=dst),
+        f"gather {label}: index_select dim 1 (CUDA's)": lambda: torch.index_select(g, 1, cols, out=dst),
         f"gather {label}: index_select dim 1, fp32 data": lambda: torch.index_select(g32, 1, cols, out=dst32),
-        f"gather {label}: torch.gather, expanded index": lambda: torch.gather(g, 1, cols.expand(out, n), out=dst),
+        f"gather {label}: torch.gather, expanded index (the CPU's)":
+            lambda: torch.gather(g, 1, cols.expand(out, n), out=dst),
         f"gather {label}: masked_select": lambda: torch.masked_select(g, mask.expand(out, width)),
         f"gather {label}: 1-D index_select per {rows} rows": per_row_blocks,
         f"gather {label}: transpose through copy_": lambda: transposed.copy_(g.t()),
