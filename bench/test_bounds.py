@@ -98,7 +98,7 @@ def _measure(benchmark, name: str, accumulate_on: str) -> None:
         if accumulate_on == "device":
             accumulate_on_device_([weight], opt.state, opt.link, None)  # the device sum exists (for "ship")
         st = opt.state[weight]
-        k, n = st.sel.numel(), st.host.n_host
+        k, n = st.sel.numel(), st.host.n_offloaded  # at least: whole rows move their shadows too, not counted
         nbytes = copy_bytes(name, OUT, IN, k, n, DTYPE.itemsize)
         fn, prepare = _part(name, opt, weight)
         reference = InterleavedReference(reference_copy(PARTS[name].where, nbytes, DEVICE), prepare)
