@@ -98,7 +98,7 @@ def upload_(params: list[torch.Tensor], state: dict, link: Link, dp: Ranks) -> l
             events.append(done)
         shared.append((as_columns(p), st))
     dp.share_blocks_([w for w, _ in shared])
-    for weight, st in shared:
-        if st.host.shadow.numel():
+    for weight, st in shared:  # every rank: another rank's block may have brought shadows this one has none of
+        if st.host.whole_rows and st.sel.numel():
             weight.index_copy_(1, st.sel, st.d_master.to(weight.dtype))  # the device's own values, exactly
     return events

@@ -220,7 +220,8 @@ class StagingArena:
 class _Registration:
     """A host buffer page-locked with cudaHostRegister for as long as it is registered: copies from and to it are
     truly asynchronous (DMA), as from torch's pinned memory, at its exact size. The arena unregisters it before
-    replacing or dropping the buffer; every copy that used it has been waited for by then (ownership.settle, close)."""
+    replacing or dropping the buffer; every copy that used it has been waited for by then (ZenFlowAdamW.settle,
+    close)."""
 
     def __init__(self, buffer: torch.Tensor) -> None:
         self.ptr = buffer.data_ptr()

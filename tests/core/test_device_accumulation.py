@@ -59,9 +59,10 @@ CONFIGS = {  # zenflow blocks; every one clips, every one with topk_ratio > 0 re
 }
 
 
-def make(model: torch.nn.Module, accumulate_on: str, block: dict, clip: float = CLIP) -> ZenFlowAdamW:
+def make(model: torch.nn.Module, accumulate_on: str, block: dict, clip: float = CLIP,
+         host_layout: str = "auto") -> ZenFlowAdamW:
     return ZenFlowAdamW(model.parameters(), lr=1e-2, weight_decay=0.1, zenflow=copy.deepcopy(block),
-                        gradient_clipping=clip, accumulate_on=accumulate_on)
+                        gradient_clipping=clip, accumulate_on=accumulate_on, host_layout=host_layout)
 
 
 def params_of(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -266,8 +267,10 @@ def test_negative_control_shipping_every_step_breaks_the_byte_formula(monkeypatc
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_device_memory_is_four_bytes_per_host_owned_element_and_host_memory_is_host_bytes(overlap, dtype):
+    """The memory of a GPU's layout (compact host parts); whole rows hold every column: test_host_layout.py."""
     model = Interleaved([40, 30, 20, 10], dtype=dtype, seed=0)
-    opt = make(model, "device", dict(topk_ratio=0.1, update_interval=2, overlap_step=overlap), clip=0.0)
+    opt = make(model, "device", dict(topk_ratio=0.1, update_interval=2, overlap_step=overlap), clip=0.0,
+               host_layout="compact")
     for g in grad_stream(model, 3, seed=1):
         set_grads(model, g)
         opt.step()
