@@ -108,14 +108,14 @@ class Trained:
 
 
 def _host_columns(opt: ZenFlowAdamW) -> list[torch.Tensor]:
-    """Each column param's host-owned column list (a CPU tensor, replaced when columns change owner)."""
-    return [st.host.cols for _, st in column_states(opt.param_groups, opt.state)]
+    """Each column param's host-owned column list (a CPU tensor; whole rows: less the shadows)."""
+    return [st.host.offloaded_cols for _, st in column_states(opt.param_groups, opt.state)]
 
 
 def _moved(before: list[torch.Tensor], after: list[torch.Tensor]) -> int:
     """Columns that changed owner between two snapshots: the symmetric difference of the host-owned columns (CPU
     tensors: this reads no device tensor and adds no sync)."""
-    return sum(len(set(old.tolist()) ^ set(new.tolist())) for old, new in zip(before, after) if new is not old)
+    return sum(len(set(old.tolist()) ^ set(new.tolist())) for old, new in zip(before, after))
 
 
 def train_run(device: str, block: dict[str, Any], clipping: float, steps: int = 24,
