@@ -70,7 +70,7 @@ def start_offload(params: list[torch.Tensor], state: dict, link: Link, turn: int
             continue
         staging = st.host.grad_staging[turn]
         # what crosses a link: the unselected columns (whole rows on the CPU device copy the shadows too, uncounted)
-        link.observers.transfer("d2h", "grads", st.host.rows * st.host.n_offloaded * p.grad.element_size())
+        link.observers.transfer("d2h", "grads", st.host.offloaded_elements * p.grad.element_size())
         grad = as_columns(p.grad)
         if link.cuda:
             done = link.gather_to_host(grad, st.unsel, staging)  # gathers now, copies later
@@ -92,7 +92,7 @@ def upload_(params: list[torch.Tensor], state: dict, link: Link, dp: Ranks) -> l
             continue
         st.host.staged = False
         part = st.host
-        counted = part.rows * part.n_offloaded * part.param_staging.element_size()  # the shadows cross no link
+        counted = part.offloaded_elements * part.param_staging.element_size()  # the shadows cross no link
         done = link.scatter_to_device(part.param_staging, st.unsel, as_columns(p), "params", counted)
         if done is not None:
             events.append(done)

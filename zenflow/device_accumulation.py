@@ -75,7 +75,7 @@ class HostSums:
         the masses (report_mass: the list, or the job's future of it) and each copy's elements."""
         job = functools.partial(accumulate_, self.link, copies, slot, clip, report_mass)
         result = self.worker.submit("accumulate", job) if in_background else job()
-        return result, [c.part.rows * c.part.n_offloaded for c in copies]  # whole rows: not the shadows
+        return result, [c.part.offloaded_elements for c in copies]  # whole rows: not the shadows
 
     def ship(self, states: list[tuple[torch.Tensor, ColumnState]], slot: int) -> list[GradCopy]:
         return []  # nothing to ship: the columns crossed every step
@@ -142,7 +142,7 @@ def accumulate_on_device_(params: list[torch.Tensor], state: dict, link: Link, c
         every_column = st.unsel.numel() == grad.shape[1]  # warm-up, ZeRO-Offload, whole rows: no gather
         block = grad if every_column else take_columns(grad, st.unsel)  # every column: p.grad itself, only read
         _add_(st, block, scale, link)
-        numels.append(st.host.rows * st.host.n_offloaded)  # whole rows: not the shadows
+        numels.append(st.host.offloaded_elements)  # whole rows: not the shadows
         if report_mass:
             norms.append(torch.linalg.vector_norm(st.host.offloaded(st.d_acc)))
     if not report_mass:
@@ -199,7 +199,7 @@ def ship_(states: list[tuple[torch.Tensor, ColumnState]], link: Link, slot: int)
             continue
         part = st.host
         landing = part.accumulators[slot]
-        link.observers.transfer("d2h", "grads", part.rows * part.n_offloaded * st.d_acc.element_size())
+        link.observers.transfer("d2h", "grads", part.offloaded_elements * st.d_acc.element_size())
         st.d_acc_shipped = link.gather_to_host(st.d_acc, None, landing)
         part.counts[slot] = st.d_acc_count
         st.d_acc_count = 0

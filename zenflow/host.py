@@ -60,6 +60,11 @@ class HostColumns:
         return self.n_host - self.shadow.numel()
 
     @property
+    def offloaded_elements(self) -> int:
+        """Elements whose gradient crosses a link each step and whose values come back: rows x n_offloaded."""
+        return self.rows * self.n_offloaded
+
+    @property
     def offloaded_cols(self) -> torch.Tensor:
         """The columns whose gradient this host sums and whose values it updates (ascending): `cols` less shadows."""
         return self.offloaded(self.cols.unsqueeze(0)).squeeze(0)

@@ -147,7 +147,7 @@ def build_host_parts_(pending: list[tuple[torch.Tensor, ColumnState]], link: Lin
         part = st.host
         weight = as_columns(p)
         block = weight if part.n_host == weight.shape[1] else take_columns(weight, st.unsel)
-        counted = part.rows * part.n_offloaded * block.element_size()  # whole rows: the shadows cross no link
+        counted = part.offloaded_elements * block.element_size()  # whole rows: the shadows cross no link
         link.wait(link.to_host(block, part.param_staging, "master", counted))  # sync point: once per parameter
         part.build_()
 
