@@ -163,8 +163,10 @@ def memory_on_device(spec: EngineSpec, m: MemoryInputs) -> Footprint:
 
 def memory_ours(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     """ZenFlowAdamW: the host-owned columns' state (our_host_bytes); on the device the fp32 state of the dense
-    parameters and the selected columns, under overlap the gathered sets in flight and the landing set, and with
-    device accumulation (its class's accumulate_on) the fp32 accumulator of the unselected columns."""
+    parameters and the selected columns, under overlap on CUDA the gathered sets in flight and the landing set (the
+    CPU device has neither: its gathers write straight into the host buffers, its uploads straight into the
+    weights, zenflow/link.py), and with device accumulation (its class's accumulate_on) the fp32 accumulator of the
+    unselected columns."""
     shape, topk = m.shape, m.block.get("topk_ratio", 0.1)
     overlap = bool(m.block.get("overlap_step", False))
     accumulate_on = getattr(spec.engine_class, "accumulate_on", "host")
@@ -174,9 +176,10 @@ def memory_ours(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     host_share = 1 - topk  # the unselected columns' share of each weight
     device: float = m.trained
     device += 12 * (shape.params - shape.column_params) + 12 * (1 - host_share) * shape.column_params  # fp32 state
+    in_flight = overlap and m.cuda
     if accumulate_on == "device":  # the fp32 sum in place of the gathered sets: only the landing set under overlap
-        device += (4 + (m.b if overlap else 0)) * host_share * shape.column_params
-    elif overlap:
+        device += (4 + (m.b if in_flight else 0)) * host_share * shape.column_params
+    elif in_flight:
         device += 3 * m.b * host_share * shape.column_params
     return Footprint(device, pinned, pageable)
 
