@@ -16,10 +16,16 @@ round of a point came out up to 2.3x slow), then every loop, each dropping its f
 the rest. On this shared 2-core VM one round in five or so is off for a whole process, in either direction (one
 process's 2-thread host AdamW 22 ms against 32.4-32.8 in the four others; a tiny model's seq-128 point 1.7x slow in
 every round of one process), so rounds are processes and each number is the median over them (five by default).
+The VM's speed also drifts between processes a minute apart, every number of a round alike (the AMD EPYC VM,
+2026-11-28: a calibration refused at 52% and 39% spreads on a quiet machine): each round's speed relative to the
+others (`round_speeds`: the median over every number of the round's value over that number's median) is factored
+out before the medians and spreads are taken, so a drift moves nothing and an unstable number still stands out.
 Its spread, the range of the middle rounds (one round each way of five left out) relative to the median,
 differences under 1 ms not counted as relative, is recorded, and a calibration whose largest spread exceeds
 SPREAD_BOUND is refused: it is written beside the record as `calibration.refused.json` and the committed one stays
-(--force overrides). `agreement()` compares two records.
+(--force overrides). Either way the message says what was measured while it ran: the round speeds (the drift), the
+load average, and the share of the machine other processes and the hypervisor (steal) took (machine_load.py).
+`agreement()` compares two records.
 
     python -m zenflow.costmodel.calibrate [--out results/costmodel/<hardware-id>/calibration.json]
 """
@@ -50,6 +56,7 @@ from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.session import RunSpec, Session, model_facts
 from zenflow.harness.workloads import Workload, build_model
 from zenflow.telemetry.environment import capture_environment
+from zenflow.telemetry.machine_load import LoadWindow, busy
 from zenflow.telemetry.neighbours import NeighbourWatch, wait_until_quiet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +71,7 @@ WARMUP_STEPS = 3  # per loop: selection, first allocations of that sequence leng
 SPREAD_BOUND = 0.25
 AGREEMENT_BOUND = 0.15
 SPREAD_FLOOR_MS = 1.0  # a spread is relative to max(median, this): sub-millisecond jitter is not instability
+KEYS = ("forward_backward_ms", "step_parts_ms")  # a loop's calibrated numbers
 
 
 def _line(points: dict[int, float]) -> dict[str, float]:
@@ -103,6 +111,29 @@ def _training_loop(w: Any, block: dict[str, Any] | None, threads: int, seqs: tup
     return {"threads": threads, "block": block, "forward_backward_ms": _line(fb), "step_parts_ms": parts}
 
 
+def round_speeds(by_round: dict[str, list[dict[str, Any]]]) -> list[float]:
+    """Each round's speed relative to the median round: the median, over every calibrated number whose median over
+    the rounds is at least SPREAD_FLOOR_MS, of the round's value over that median (1.2: the whole round 20% slow)."""
+    ratios: list[list[float]] = []
+    for runs in by_round.values():
+        ratios = ratios or [[] for _ in runs]
+        for key in KEYS:
+            for name in {n for r in runs for n in r[key]}:
+                values = [r[key].get(name, 0.0) for r in runs]
+                middle = statistics.median(values)
+                if middle >= SPREAD_FLOOR_MS:
+                    for i, v in enumerate(values):
+                        ratios[i].append(v / middle)
+    speeds = [statistics.median(r) if r else 1.0 for r in ratios]
+    level = statistics.median(speeds) if speeds else 1.0
+    return [v / level for v in speeds]
+
+
+def at_speed(loop: dict[str, Any], speed: float) -> dict[str, Any]:
+    """One loop's round with every calibrated number divided by the round's speed (the drift factored out)."""
+    return {**loop, **{key: {n: v / speed for n, v in loop[key].items()} for key in KEYS}}
+
+
 def _spread(values: list[float]) -> float:
     """The range of the middle rounds (a quarter of the rounds at each end left out: one each way of five), relative
     to the median (with the SPREAD_FLOOR_MS floor)."""
@@ -116,7 +147,7 @@ def combine(rounds: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any
     first = rounds[0]
     combined = {k: v for k, v in first.items() if k not in ("forward_backward_ms", "step_parts_ms")}
     spread: dict[str, Any] = {}
-    for key in ("forward_backward_ms", "step_parts_ms"):
+    for key in KEYS:
         names = sorted({n for r in rounds for n in r[key]}, key=str)
         values = {n: [r[key].get(n, 0.0) for r in rounds] for n in names}
         combined[key] = {n: statistics.median(v) for n, v in values.items()}
@@ -188,20 +219,25 @@ def calibrate(seq_lens: tuple[int, ...] = CAL_SEQS, repeats: int = 5, smoke: boo
     model = build_model(w)
     facts = model_facts(model)
     by_round: dict[str, list[dict[str, Any]]] = {name: [] for name in LOOPS}
+    load_average, whole, round_load = os.getloadavg()[0], LoadWindow.start(), []
     for _ in range(rounds):  # each round every loop, so a neighbour's burst lands in one round of all, not one loop
+        window = LoadWindow.start()
         for name, loop in _round_in_child(smoke, seq_lens, repeats).items():
             by_round[name].append(loop)
+        round_load.append(window.stop())
+    speeds = round_speeds(by_round)
     measured, spreads = {}, {}
     for name, runs in by_round.items():
-        measured[name], spreads[name] = combine(runs)
+        measured[name], spreads[name] = combine([at_speed(r, v) for r, v in zip(runs, speeds)])
     worst, where = largest_spread(spreads)
     contention = _contention(build_model(w), w, repeats)
     return {"schema": SCHEMA, "hardware_id": env["hardware_id"], "environment": env, "taken_at": taken_at,
             "workload": w.to_dict(), "model": facts, "element_bytes": model.lm_head.weight.element_size(),
             "column_elements": facts["column_parameters"], "calibration_seq_lens": list(seq_lens),
             "loops": measured, "contention": contention, "repeats": repeats, "rounds": rounds,
-            "loops_by_round": by_round, "spread": spreads, "largest_spread": worst, "largest_spread_at": where,
-            "spread_bound": SPREAD_BOUND, "method": __doc__.split("\n\n")[1]}
+            "loops_by_round": by_round, "round_speeds": speeds, "spread": spreads, "largest_spread": worst,
+            "largest_spread_at": where, "spread_bound": SPREAD_BOUND, "load_average_at_start": load_average,
+            "machine_load": whole.stop(), "round_machine_load": round_load, "method": __doc__.split("\n\n")[1]}
 
 
 def _contention(model: torch.nn.Module, w: Any, repeats: int) -> dict[str, float]:
@@ -316,11 +352,36 @@ def keep_or_refuse(record: dict[str, Any], out: Path, force: bool = False) -> in
     tmp.replace(path)  # never a half-written record
     if refused:
         print(f"calibration refused: spread {record['largest_spread']:.1%} at {record['largest_spread_at']} over "
-              f"{record['rounds']} rounds exceeds {record['spread_bound']:.0%} (a busy machine?); {out} is kept, "
-              f"this one is {path}. Rerun when the machine is quiet, or --force.", file=sys.stderr)
+              f"{record['rounds']} rounds exceeds {record['spread_bound']:.0%}; {conditions(record)}; {out} is "
+              f"kept, this one is {path}. {_advice(record)}", file=sys.stderr)
         return 1
-    print(f"wrote {out} (largest spread over {record['rounds']} rounds: {record['largest_spread']:.1%})")
+    print(f"wrote {out} (largest spread over {record['rounds']} rounds: {record['largest_spread']:.1%}; "
+          f"{conditions(record)})")
     return 0
+
+
+def conditions(record: dict[str, Any]) -> str:
+    """What was measured while the calibration ran, in one clause: the drift, the load average, the kernel's
+    counters of other processes and of the hypervisor's steal."""
+    parts = []
+    if record.get("round_speeds"):
+        low, high = min(record["round_speeds"]), max(record["round_speeds"])
+        parts.append(f"round speeds {low:.2f}-{high:.2f}x the median round (factored out)")
+    if "load_average_at_start" in record:
+        parts.append(f"load average {record['load_average_at_start']:.2f} at the start")
+    load = record.get("machine_load") or {}
+    if load.get("measured"):
+        parts.append(f"other processes {load['outside_cpu_fraction']:.0%} and hypervisor steal "
+                     f"{load['steal_fraction']:.0%} of the machine")
+    return ", ".join(parts) or "no machine load measured"
+
+
+def _advice(record: dict[str, Any]) -> str:
+    """What to do, from what was measured (never a guess)."""
+    if busy(record.get("machine_load")):
+        return "The machine was busy: rerun when it is quiet, or --force."
+    return ("The machine was quiet and its drift is factored out: the number itself varies between processes; "
+            "rerun, or --force.")
 
 
 if __name__ == "__main__":
