@@ -85,7 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--plan", action="store_true", help="print every engine's memory and time estimate against this "
                     "host and run nothing")
     ap.add_argument("--host-memory-gib", type=cc.float_at_least(0, strict=True), default=None,
-                    help="plan for a host with this much memory available instead of this one's")
+                    help="plan for this much host memory instead of what this host has available now (its GPU "
+                    "and /dev/shm stay measured unless --device-memory-gib: a microVM's RAM grows as it is used)")
     ap.add_argument("--device-memory-gib", type=cc.float_at_least(0, strict=True), default=None,
                     help="plan for a GPU with this much memory (default: this host's GPU; none: the CPU)")
     ap.add_argument("--allow-download", action="store_true",
@@ -256,9 +257,13 @@ def host_and_base(args: argparse.Namespace) -> tuple[mp.Host, int, bool]:
     plan is for a GPU."""
     real_cuda = torch.cuda.is_available() and args.device != "cpu"
     cuda = real_cuda or bool(args.device_memory_gib)
-    simulated = args.host_memory_gib or args.device_memory_gib
-    host = (mp.Host.simulated(args.host_memory_gib or mp.Host.measure(False).available / mp.GiB,
-                              args.device_memory_gib) if simulated else mp.Host.measure(cuda))
+    if args.device_memory_gib:  # another machine: nothing of this one's but its free memory (unless stated)
+        host = mp.Host.simulated(args.host_memory_gib or mp.Host.measure(False).available / mp.GiB,
+                                 args.device_memory_gib)
+    elif args.host_memory_gib:  # this machine, its memory as stated (a microVM's grows as it is used)
+        host = mp.Host.stated(args.host_memory_gib, mp.Host.measure(real_cuda))
+    else:
+        host = mp.Host.measure(cuda)
     # measured here; a simulated GPU on a CPU host adds a stated estimate of the CUDA context's host memory
     base = mp.process_base_bytes(args.engines, real_cuda) + (mp.CUDA_CONTEXT if cuda and not real_cuda else 0)
     return host, base, cuda

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -131,6 +132,7 @@ class Need:
     step_s: float
     init_s: float
     note: str = ""
+    shm: int = 0  # of `pageable`, the bytes in /dev/shm
 
     @property
     def host(self) -> int:
@@ -142,12 +144,14 @@ class Need:
 
 @dataclass
 class Host:
-    """What this host can give a run: host bytes available, device bytes (None: the device is the CPU)."""
+    """What this host can give a run: host bytes available, device bytes (None: the device is the CPU), free bytes
+    of /dev/shm (None: not checked)."""
 
     available: int
     device_total: int | None
     source: str
     notes: list[str] = field(default_factory=list)
+    shm_free: int | None = None
 
     @classmethod
     def measure(cls, cuda: bool) -> Host:
@@ -162,7 +166,15 @@ class Host:
             import torch
 
             device = torch.cuda.get_device_properties(0).total_memory
-        return cls(available, device, source)
+        return cls(available, device, source, shm_free=shm_free())
+
+    @classmethod
+    def stated(cls, host_gib: float, measured: Host) -> Host:
+        """This host, with its memory as stated instead of MemAvailable: a microVM's RAM starts small and grows as
+        it is used (the lent GPU hosts: size from the kind's stated memory; gpu-audit-4 F1). Device and /dev/shm
+        stay measured."""
+        return cls(int(host_gib * GiB), measured.device_total, f"stated host: {host_gib:g} GiB ({measured.source} "
+                   "at the start)", shm_free=measured.shm_free)
 
     @classmethod
     def simulated(cls, host_gib: float, device_gib: float | None) -> Host:
@@ -194,7 +206,7 @@ def estimate(engine: str, shape: ModelShape, b: int, cuda: bool, block: dict[str
     rates = ROUGH_RATES if cuda else CPU_DEVICE_RATES
     return Need(engine, int(device), int(pinned), int(pageable), step_seconds(engine, shape, b, U, topk, seq_len *
                                                                                 micro_batch, rates),
-                15.0 + shape.all_params * rates["init_ns_per_param"] * 1e-9, held.note)
+                15.0 + shape.all_params * rates["init_ns_per_param"] * 1e-9, held.note, int(held.shm))
 
 
 def retained_gradients(shape: ModelShape, b: int) -> int:
@@ -239,6 +251,8 @@ def fits(need: Need, host: Host, headroom: float = HEADROOM) -> str | None:
                 f"{need.pageable / GiB:.1f} pageable), {host.available / GiB:.1f} available ({host.source})")
     if host.device_total is not None and need.device > host.device_total * headroom:
         return f"{NEEDS}{need.device / GiB:.1f} GiB on the device, {host.device_total / GiB:.1f} there"
+    if host.shm_free is not None and need.shm > host.shm_free * headroom:
+        return f"{NEEDS}{need.shm / GiB:.1f} GiB in /dev/shm, {host.shm_free / GiB:.1f} free there"
     return None
 
 
@@ -257,6 +271,11 @@ def process_base_bytes(engines: list[str], cuda: bool) -> int:
     if out.returncode or not lines:
         return 2 * GiB if cuda else GiB  # stated fallback when the probe fails
     return int(lines[-1])
+
+
+def shm_free(path: str = "/dev/shm") -> int | None:
+    """Free bytes of /dev/shm (a tmpfs sized at boot), or None where there is none."""
+    return shutil.disk_usage(path).free if os.path.isdir(path) else None
 
 
 def _meminfo(key: str) -> int:

@@ -30,6 +30,23 @@ PHASES = "phases.json"
 TERM_GRACE_S = 20  # a child asked to stop (SIGTERM) gets this long to write its records, then SIGKILL
 
 
+def memory_now() -> dict[str, float | None]:
+    """MemTotal, MemAvailable and /dev/shm's free GiB now: a microVM's RAM grows as it is used, so each phase says
+    what the host had when it ended (gpu-audit-4 F1)."""
+    try:
+        meminfo = {k: int(v.split()[0]) * 1024 for k, v in
+                   (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)}
+    except (OSError, ValueError):
+        meminfo = {}
+    shm = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else None
+    return {"total_gib": _gib(meminfo.get("MemTotal")), "available_gib": _gib(meminfo.get("MemAvailable")),
+            "shm_free_gib": _gib(shm)}
+
+
+def _gib(n: int | None) -> float | None:
+    return None if n is None else round(n / 2**30, 1)
+
+
 class WindowClosed(Exception):
     """The window was told to stop (SIGTERM): pack what is there and leave."""
 
@@ -65,7 +82,7 @@ class Window:
     def record(self, phase: str, seconds: float, status: str, **facts: Any) -> None:
         """One phase's outcome in phases.json (rewritten whole, atomically), then a fresh archive."""
         self.phases.append({"phase": phase, "started_s": round(self.elapsed() - seconds, 1),
-                            "seconds": round(seconds, 1), "status": status, **facts})
+                            "seconds": round(seconds, 1), "status": status, **facts, "memory": memory_now()})
         tmp = self.work / f".{PHASES}.tmp"
         tmp.write_text(json.dumps(self.phases, indent=1, default=str) + "\n")
         os.replace(tmp, self.work / PHASES)

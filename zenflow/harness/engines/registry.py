@@ -154,6 +154,7 @@ class Footprint:
     pinned: float
     pageable: float
     note: str = ""
+    shm: float = 0  # of the host bytes, those in /dev/shm (DeepSpeed's ZenFlow shares its buffers with its worker)
 
 
 def memory_on_device(spec: EngineSpec, m: MemoryInputs) -> Footprint:
@@ -197,13 +198,14 @@ def memory_deepspeed_offload(spec: EngineSpec, m: MemoryInputs) -> Footprint:
     """ZeRO-2 offload: fp32 partition, training-dtype buffer and fp32 gradients pinned, CPU Adam's moments;
     -gas: a CPU gradient accumulator per parameter; ZenFlow: its worker process and its buffers."""
     P = m.shape.params
-    pinned, pageable, note = m.pin(4 * P) + m.pin(m.b * P) + m.pin(4 * P), 8 * P, ""
+    pinned, pageable, note, shm = m.pin(4 * P) + m.pin(m.b * P) + m.pin(4 * P), 8 * P, "", 0
     if spec.cycle_rule == "accumulation":
         pinned += m.fp32_each
     if spec.cycle_rule == "interval":
-        pageable += 16 * P + m.base  # shared fp32 partition, stale copy, 2 gradient buffers; its worker process
+        shm = 16 * P  # share_memory_(): the fp32 partition, its stale copy, 2 gradient buffers (gpu-audit-4 F1)
+        pageable += shm + m.base  # and its worker process
         note = "DeepSpeed's ZenFlow worker is a second process"
-    return Footprint(m.trained, pinned / m.world, pageable / m.world, note)  # ZeRO: each rank its partition
+    return Footprint(m.trained, pinned / m.world, pageable / m.world, note, shm / m.world)  # ZeRO: a partition each
 
 
 def memory_overlapped_offload(spec: EngineSpec, m: MemoryInputs) -> Footprint:

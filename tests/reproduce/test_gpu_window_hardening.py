@@ -1,0 +1,82 @@
+"""gpu-audit-4's findings on the one-command GPU window, each with its CPU twin (issue 43): what the window trusts
+on a lent host that the CPU rehearsal never meets (a microVM's growing RAM, a small /dev/shm, a stuck run, a case
+that raises, a build that never ends, a facts child that dies)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from zenflow.harness import memory_plan as mp
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, SHAPES
+from zenflow.harness.window import Window, memory_now
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "reproduce"))
+import gpu_window  # noqa: E402
+
+CORE = ["ref-zenflow", "ref-offload", "ds-zero-offload", "ds-zenflow", "no-offload"]
+H200 = 141 * mp.GiB
+LLAMA2_7B_4L = mp.ModelShape(32000, SHAPES["llama2-7b"]["hidden"], SHAPES["llama2-7b"]["intermediate"], 4, 32, 32)
+
+
+def _window_needs() -> dict[str, mp.Need]:
+    return {n.engine: n for n in mp.plan(CORE, LLAMA2_7B_4L, 2, True, DEEPSPEED_EXAMPLES_BLOCK, 512, 1, 2 * mp.GiB)}
+
+
+def _h200_at_start(monkeypatch: pytest.MonkeyPatch, available_gib: float, shm_gib: float) -> mp.Host:
+    """The lent host as it may look at the start: little of its RAM given yet, a /dev/shm sized at boot."""
+    monkeypatch.setattr(mp, "_meminfo", lambda key: int(available_gib * mp.GiB))
+    monkeypatch.setattr(mp, "_cgroup_room", lambda: None)
+    monkeypatch.setattr(mp, "shm_free", lambda path="/dev/shm": int(shm_gib * mp.GiB))
+    measured = mp.Host.measure(False)
+    return replace(measured, device_total=H200)
+
+
+# ---- F1: the memory plan on a microVM whose RAM grows as it is used ----------------------------------------------
+
+def test_the_window_plans_from_the_hosts_stated_memory_not_memavailable_at_the_start():
+    args = gpu_window.parse_args(["--out", "/tmp/out"])
+    assert args.host_memory_gib == gpu_window.HOST_MEMORY_GIB == 115
+    command = gpu_window.scenario_cmd(args, Path("/tmp/s"), CORE, 300)
+    assert command[command.index("--host-memory-gib") + 1] == "115"
+    rehearsal = gpu_window.parse_args(["--out", "/tmp/out", "--rehearsal"])  # the CPU VM: what it has
+    assert "--host-memory-gib" not in gpu_window.scenario_cmd(rehearsal, Path("/tmp/s"), CORE, 30)
+
+
+def test_with_16_gib_available_at_the_start_the_stated_host_still_fits_the_core_five(monkeypatch):
+    at_start = _h200_at_start(monkeypatch, available_gib=16, shm_gib=64)
+    needs = _window_needs()
+    # the negative control: planned from MemAvailable, the comparison is gone before any run
+    assert [e for e in CORE if mp.fits(needs[e], at_start)] == ["ref-zenflow", "ref-offload", "ds-zero-offload",
+                                                                 "ds-zenflow"]
+    stated = mp.Host.stated(gpu_window.HOST_MEMORY_GIB, at_start)
+    assert {e: mp.fits(needs[e], stated) for e in CORE} == {e: None for e in CORE}
+    assert stated.device_total == H200 and stated.source.startswith("stated host: 115 GiB (MemAvailable 16.0")
+
+
+def test_deepspeeds_zenflow_is_skipped_when_dev_shm_cannot_hold_its_shared_buffers(monkeypatch):
+    stated = mp.Host.stated(gpu_window.HOST_MEMORY_GIB, _h200_at_start(monkeypatch, available_gib=115, shm_gib=4))
+    needs = _window_needs()
+    shared = 16 * LLAMA2_7B_4L.params  # share_memory_(): fp32 partition, stale copy, two gradient buffers
+    assert needs["ds-zenflow"].shm == shared and needs["ds-zenflow"].shm <= needs["ds-zenflow"].pageable
+    assert mp.fits(needs["ds-zenflow"], stated) == (f"needs ~{shared / mp.GiB:.1f} GiB in /dev/shm, 4.0 free "
+                                                    "there")
+    assert all(needs[e].shm == 0 and mp.fits(needs[e], stated) is None for e in CORE if e != "ds-zenflow")
+    roomy = mp.Host.stated(115, _h200_at_start(monkeypatch, available_gib=115, shm_gib=64))
+    assert mp.fits(needs["ds-zenflow"], roomy) is None
+
+
+def test_every_phase_says_the_hosts_memory_when_it_ended(tmp_path: Path):
+    w = Window(tmp_path / "work", tmp_path / "out", 60, {"commit": None})
+    try:
+        w.record("facts", 0.1, "ok")
+    finally:
+        w.close("ok")
+    memory = w.phases[0]["memory"]
+    assert set(memory) == {"total_gib", "available_gib", "shm_free_gib"}
+    assert memory["total_gib"] > 0 and 0 < memory["available_gib"] <= memory["total_gib"]
+    assert memory_now()["total_gib"] == memory["total_gib"]
