@@ -46,7 +46,8 @@ BUDGET_S = 540
 # 4 layers by default: the core five engines take an estimated 3.2-5.6 min at 4 layers on one H100, beside ~2 min of
 # checks, op build and ceiling (gpu-audit-3 §3); 8 layers cost ~1.5x per run and would leave the core five cut.
 LAYERS = 4
-ENGINES = ["ref-zenflow", "ref-offload", "ds-zero-offload", "ds-zenflow", "no-offload",  # the paper's comparison
+# the paper's comparison first; no-offload before ds-zenflow, the one most likely to hang (its spawned worker)
+ENGINES = ["ref-zenflow", "ref-offload", "ds-zero-offload", "no-offload", "ds-zenflow",
            "ref-offload-gas", "ds-zero-offload-gas", "ref-zenflow-da", "ref-offload-overlap", "no-offload-fp32"]
 CHECKS = "environment,differential,memory,pcie"  # gpu-check's engines on a small Llama: an H100 record exists
 PROBE_DS = "import deepspeed, hjson, pydantic"  # the real imports, not find_spec (gpu-audit-3 B3)

@@ -5,13 +5,18 @@ that raises, a build that never ends, a facts child that dies)."""
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from zenflow.harness import memory_plan as mp
+from zenflow.harness import plans
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, SHAPES
+from zenflow.harness.deadline import RUN_FLOOR_S, RUN_SLACK, Deadline
+from zenflow.harness.records import RunRecord, read_records
+from zenflow.harness.session import RunSpec
 from zenflow.harness.window import Window, memory_now
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,3 +85,49 @@ def test_every_phase_says_the_hosts_memory_when_it_ended(tmp_path: Path):
     assert set(memory) == {"total_gib", "available_gib", "shm_free_gib"}
     assert memory["total_gib"] > 0 and 0 < memory["available_gib"] <= memory["total_gib"]
     assert memory_now()["total_gib"] == memory["total_gib"]
+
+
+# ---- F2: a stuck run costs its own time only ---------------------------------------------------------------------
+
+def test_a_started_run_may_take_three_times_its_expected_time_at_least_a_minute_never_past_the_deadline():
+    d = Deadline(time.time() + 1000, {"short": 10.0, "long": 100.0, "huge": 400.0})
+    assert d.run_limit("short") == RUN_FLOOR_S == 60
+    assert d.run_limit("long") == pytest.approx(RUN_SLACK * 100) == pytest.approx(300)
+    assert d.run_limit("huge") == pytest.approx(1000, abs=2)  # 1200 would pass the deadline
+    d.observe("short", 30.0)  # 3x slower than planned: the limits follow the correction
+    assert d.run_limit("long") == pytest.approx(3 * 300, abs=2)
+
+
+def test_a_stuck_run_under_a_deadline_is_stopped_and_the_next_run_starts(tmp_path, monkeypatch):
+    """The first run hangs (as DeepSpeed's ZenFlow does for 600 s when its worker dies): stopped at its limit with
+    the runner's timeout record, the second runs. Without the limit the hang would last to the window's SIGTERM."""
+    limits = {}
+
+    def stuck_then_fine(spec: RunSpec, out: Path, timeout_s: float = 3600) -> RunRecord:
+        limits[spec.engine] = timeout_s
+        if spec.engine == "ds-zenflow" and timeout_s >= 600:  # the hang outlasts the limit: the window's SIGTERM
+            record = RunRecord(engine=spec.engine, status="failed", error="interrupted (KeyboardInterrupt)")
+        elif spec.engine == "ds-zenflow":  # what run_in_subprocess writes on its timeout (tests/harness)
+            record = RunRecord(engine=spec.engine, status="failed",
+                               error=f"timeout after {timeout_s:.0f} s: stopped (SIGTERM, then SIGKILL)")
+        else:
+            record = RunRecord(engine=spec.engine, status="ok", steps=[{"kind": "update", "period_ms": 100.0}],
+                               summary={"cycle_mean_ms": 100.0}, protocol={"telemetry": True})
+        record.write(out)
+        return record
+
+    monkeypatch.setattr(plans, "run_in_subprocess", stuck_then_fine)
+    plan = [plans.PlannedRun(f"{e}.json", RunSpec(engine=e, label="t", workload={}, ds_config={}), estimate_s=20.0)
+            for e in ("ds-zenflow", "no-offload")]
+    plans.execute(tmp_path / "limited", plan, "cmd", lambda records, out: None, until=time.time() + 500)
+    assert limits == {"ds-zenflow": 60.0, "no-offload": pytest.approx(60.0)}
+    records = {r.engine: r for r in read_records(tmp_path / "limited" / ".partial")}  # a failed run: staged
+    assert records["ds-zenflow"].error.startswith("timeout after 60 s") and records["no-offload"].status == "ok"
+    plans.execute(tmp_path / "unlimited", plan, "cmd", lambda records, out: None)  # the control: no deadline
+    assert limits["ds-zenflow"] == 3600
+
+
+def test_the_window_runs_no_offload_before_deepspeeds_zenflow():
+    order = gpu_window.ENGINES
+    assert order[:3] == ["ref-zenflow", "ref-offload", "ds-zero-offload"]
+    assert order.index("no-offload") < order.index("ds-zenflow") < len(CORE)

@@ -4,6 +4,9 @@ GPU time often comes as one command of a few minutes (reproduce/gpu_window.py). 
 is lost whole and leaves nothing that says why; a run not started leaves a `skipped` record saying "out of time",
 and the table a row that says so, and `--resume` with more time runs it later (a skipped record is not kept).
 
+A run that started is stopped at `run_limit` (three times its expected time, at least a minute, never past the
+deadline): it gets a "failed: timeout" record and the next run starts, so one stuck run costs its own time only.
+
 The estimate of each run is the memory plan's rough one (memory_plan.Need.run_s), corrected by the runs already done
 in this plan: every estimate is scaled by (measured seconds) / (estimated seconds) of the runs so far, so a host
 slower or faster than the plan's stated rates cuts the list where the real times say, not where the rates do.
@@ -15,6 +18,11 @@ import time
 from dataclasses import dataclass, field
 
 OUT_OF_TIME = "out of time"  # how every deadline skip starts: reports/scenario.py tells such a row by it
+# A started run may take this many times what it is expected to (at least RUN_FLOOR_S, never past the deadline):
+# a stuck run (DeepSpeed's ZenFlow waits 600 s for a dead worker) becomes "failed: timeout" and the plan moves on,
+# instead of eating every later run (gpu-audit-4 F2)
+RUN_SLACK = 3.0
+RUN_FLOOR_S = 60.0
 
 
 @dataclass
@@ -49,6 +57,11 @@ class Deadline:
         how = (f"the plan's {self.estimates[name]:.0f} s x {self.correction():.2f} from the runs done"
                if name in self.estimates else "the mean of the runs done")
         return f"{OUT_OF_TIME}: needs ~{need:.0f} s ({how}), {max(left, 0):.0f} s left before the deadline"
+
+    def run_limit(self, name: str) -> float:
+        """The seconds run `name` may take once started: RUN_SLACK times its expected time, at least RUN_FLOOR_S,
+        and never past the deadline."""
+        return max(0.0, min(max(RUN_FLOOR_S, RUN_SLACK * self.expected(name)), self.left()))
 
     def observe(self, name: str, seconds: float) -> None:
         """A run that ran (not one skipped) took `seconds` in all: it corrects the estimates of the rest."""

@@ -91,7 +91,8 @@ def _run_one(staged: StagedPlan, run: PlannedRun, i: int, n: int, resume: bool,
         failed_record(run.spec, skip, status="skipped").write(staged.path(run.name))
         record = RunRecord.read(staged.path(run.name))
     else:
-        record = run_in_subprocess(run.spec, staged.path(run.name))  # no DeepSpeed installed: a "skipped" record
+        limit = {"timeout_s": deadline.run_limit(run.name)} if deadline else {}  # a stuck run costs its own time
+        record = run_in_subprocess(run.spec, staged.path(run.name), **limit)  # no DeepSpeed: a "skipped" record
     lines = (record.error or "").splitlines()
     found = next((line for line in lines if line.startswith(bad_input)), None) if bad_input else None
     if record.status != "ok" and found:
