@@ -207,14 +207,25 @@ class StagingArena:
             _release(self._pinned)  # the caller has settled every copy that used the old buffer
             self.buffer = None
             self.buffer = torch.empty(need, dtype=torch.uint8)
-            if self.link.cuda:
-                self._pinned.append(_Registration(self.buffer))
+        self.pin()
         self.layout = list(layout)
         views, offset = [], 0
         for (shape, dtype), n in zip(layout, sizes):
             views.append(self.buffer[offset:offset + n].view(dtype).view(shape))
             offset += aligned(n)
         return views
+
+
+    def pin(self) -> None:
+        """Page-lock the buffer on CUDA if it is not: a new one, or one unpinned at close() and used again."""
+        if self.link.cuda and self.buffer is not None and not self._pinned:
+            self._pinned.append(_Registration(self.buffer))
+
+    def unpin(self) -> None:
+        """Give the page-locking back now (close(): every copy is settled), not when the optimizer is collected,
+        which a reference held anywhere may delay for the rest of the process (gpu-audit-4 F3). The buffer stays;
+        the next step pins it again."""
+        _release(self._pinned)
 
 
 class _Registration:

@@ -205,6 +205,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
                 self.observers.decided("selection")
             self.clock.select_next = False
         prepare_host_(self.arena, column_states(v.groups, v.state), self.link, self.settle)  # lazy build, staging
+        self.arena.pin()  # after a close(): training again
         in_background = self.config.overlap_step and not warm_up
         # host accumulation: the copies start now (CUDA: beside the update); device: nothing crosses before the boundary
         copies = self.accumulation.start_offload(params, v.state, in_background)
@@ -310,6 +311,10 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
             self.drain()
         self.pending = None  # a later step starts a new worker (a Trainer that trains again after train end)
         self.worker.close()
+        if self.link.cuda:  # every copy into or out of the staging has landed: then it may be unpinned
+            torch.cuda.synchronize(self.link.device)
+        self._upload_events = []
+        self.arena.unpin()
 
     def __enter__(self) -> ZenFlowAdamW:
         return self

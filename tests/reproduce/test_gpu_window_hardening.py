@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -131,3 +132,112 @@ def test_the_window_runs_no_offload_before_deepspeeds_zenflow():
     order = gpu_window.ENGINES
     assert order[:3] == ["ref-zenflow", "ref-offload", "ds-zero-offload"]
     assert order.index("no-offload") < order.index("ds-zenflow") < len(CORE)
+
+
+# ---- F3: one case that raises costs its row, not the check ---------------------------------------------------------
+
+def _raising_on_device_accumulation(real):
+    """train_run raising where device accumulation's add and ship run: code no CPU run reaches on CUDA."""
+    def train_run(device, block, *args, **kwargs):
+        if kwargs.get("accumulate_on") == "device":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(device, block, *args, **kwargs)
+    return train_run
+
+
+def test_a_case_that_raises_fails_its_own_row_and_the_others_keep_theirs(monkeypatch):
+    from zenflow.harness.checks import differential as d
+
+    monkeypatch.setattr(d, "train_run", _raising_on_device_accumulation(d.train_run))
+    check, rows = d.differential_check(cuda=False, steps=4)
+    assert [r["case"] for r in rows] == [*d.CASES, d.STRESS]  # every case has its row
+    crashed = {r["case"]: r for r in rows if "raised" in r}
+    assert list(crashed) == ["ref-zenflow-da-overlap"] and not crashed["ref-zenflow-da-overlap"]["ok"]
+    assert "illegal memory access" in crashed["ref-zenflow-da-overlap"]["traceback"]
+    assert all(r["max_abs"] == 0.0 for r in rows if "raised" not in r)  # the rest compared, exactly equal on CPU
+    assert check["status"] == "fail" and check["reason"] == (
+        "ref-zenflow-da-overlap: raised RuntimeError: CUDA error: an illegal memory access was encountered")
+
+
+def test_on_the_gpu_path_a_raising_control_is_a_problem_and_the_other_control_still_runs(monkeypatch):
+    from zenflow.harness.checks import differential as d
+    from zenflow.link import Link
+
+    real, broken = d.train_run, d.broken_link
+    calls = []
+
+    def on_cpu(device, *args, **kwargs):
+        calls.append(device)
+        if device == "cuda" and len(calls) == 2 * len(d.CASES) + 2 + 1:  # the first control's run
+            raise RuntimeError("cudaHostRegister failed")
+        return real("cpu", *args[:3], widths=d.SMALL_WIDTHS, accumulate_on=kwargs.get("accumulate_on", "host"))
+
+    monkeypatch.setattr(d, "train_run", on_cpu)
+    monkeypatch.setattr(d, "broken_link", lambda method, variant: broken(method, getattr(Link, method)))
+    check, rows = d.differential_check(cuda=True, steps=4)
+    first, second = d.CONTROLS
+    assert [c["outcome"] for c in check["controls"]] == ["not run", "passed"]  # the second still ran
+    assert f"negative control {first}: raised RuntimeError: cudaHostRegister failed" in check["reason"]
+    assert [r["case"] for r in check["control_rows"]] == [f"control: {first}", f"control: {second}"]
+    assert "raised" in check["control_rows"][0] and check["status"] == "fail"
+
+
+def test_the_differential_figure_marks_a_raised_row(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from zenflow.harness.checks import differential as d
+    from zenflow.harness.checks.gpu import _differential_panel
+
+    raised = d.crashed_row("ref-zenflow-da-overlap", ("cuda", "cpu"), 4, RuntimeError("boom"))
+    ok = {"case": "ref-offload", "ok": True, "max_ratio": 0.5, "by_kind": {"column": {"max_ratio": 0.5}}, "steps": 4,
+          "devices": "cuda vs cpu"}
+    fig, ax = plt.subplots()
+    _differential_panel(ax, [ok, raised])
+    assert "raised" in [t.get_text() for t in ax.texts] and "0 (exactly equal)" not in [t.get_text() for t in ax.texts]
+    plt.close(fig)
+
+
+def test_close_gives_the_staging_arenas_page_locking_back_and_a_later_step_takes_it_again(monkeypatch):
+    """CPU twin of the CUDA arena: a fake registration records cudaHostRegister/Unregister. Before, the buffer
+    stayed page-locked until the optimizer was collected."""
+    import torch
+
+    from zenflow import ZenFlowAdamW
+    from zenflow import link as link_module
+
+    registered: list[int] = []
+
+    class FakeRegistration:
+        def __init__(self, buffer: torch.Tensor) -> None:
+            self.ptr = buffer.data_ptr()
+            registered.append(self.ptr)
+
+    def fake_release(pinned: list, strict: bool = True) -> None:
+        while pinned:
+            registered.remove(pinned.pop().ptr)
+
+    monkeypatch.setattr(link_module, "_Registration", FakeRegistration)
+    monkeypatch.setattr(link_module, "_release", fake_release)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 8, bias=False)
+    opt = ZenFlowAdamW(model.parameters(), lr=1e-3, zenflow={"topk_ratio": 0.25, "update_interval": 2,
+                                                            "overlap_step": False})
+    opt.arena.link = SimpleNamespace(cuda=True)  # the arena pins as on CUDA; the copies stay the CPU's
+
+    def train(steps: int) -> None:
+        for _ in range(steps):
+            model(torch.randn(4, 16)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    train(3)
+    assert registered == [opt.arena.buffer.data_ptr()]  # one registration, the arena's buffer
+    opt.close()
+    assert registered == []  # given back at close, the buffer kept
+    train(2)
+    assert registered == [opt.arena.buffer.data_ptr()]  # a later step pins it again
+    opt.close()
+    assert registered == []

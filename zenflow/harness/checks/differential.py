@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from zenflow.state import column_states
 # exceeds it 3x). What a race does is far above it: a stale host update is off by ~lr (10x the tolerance), another
 # tensor's values in whole rows or columns by the size of the weights (~1e-2, 1000x).
 RTOL, ATOL = 1e-4, 1e-5
+RAISED = "raised"  # how a control whose run raised starts its detail
 DIFF_HYPER = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
 ZENFLOW_CASE = {"topk_ratio": 0.25, "update_interval": 3, "select_interval": 6, "full_warm_up_rounds": 2,
                 "select_strategy": "step"}  # reselects at steps 2, 8, 14, 20 of 24
@@ -198,10 +200,21 @@ def case_row(name: str, devices: tuple[str, str], steps: int, a: Trained, b: Tra
             **details}
 
 
+def crashed_row(name: str, devices: tuple[str, str], steps: int, exc: BaseException, **details: Any) -> dict:
+    """The row of a case whose run raised: failed, with the exception, so the other cases keep their rows (code
+    that has never run on a GPU must cost one row, not the check: gpu-audit-4 F3)."""
+    return {"case": name, "devices": f"{devices[0]} vs {devices[1]}", "steps": steps, "ok": False, "max_abs": None,
+            "max_ratio": None, "elements_outside": "raised", "worst": None, "rtol": RTOL, "atol": ATOL,
+            "host_updates": [None, None], "columns_moved": [None, None], "raised": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(), **details}
+
+
 def row_problems(row: dict[str, Any]) -> list[str]:
-    """Why a row fails: outside the tolerance, or the runs applied different numbers of host updates (the schedule
-    is fixed by the config). Moved columns are only recorded: a near tie in the column norms may rank differently
-    on two devices, which moves another column but changes no value beyond rounding."""
+    """Why a row fails: its run raised, outside the tolerance, or the runs applied different numbers of host updates
+    (the schedule is fixed by the config). Moved columns are only recorded: a near tie in the column norms may rank
+    differently on two devices, which moves another column but changes no value beyond rounding."""
+    if "raised" in row:
+        return [f"{row['case']}: raised {row['raised']}"]
     problems = [] if row["ok"] else [f"{row['case']}: outside tolerance ({_kinds_outside(row)})"]
     if len(set(row["host_updates"])) > 1:
         problems.append(f"{row['case']}: host updates differ ({row['host_updates'][0]} vs {row['host_updates'][1]})")
@@ -278,8 +291,16 @@ def negative_controls(steps: int, cpu_runs: dict[str, Trained]) -> tuple[list[di
     block, clipping, accumulate_on = CASES[CONTROL_CASE]
     controls, rows = [], []
     for name, (method, variant) in CONTROLS.items():
-        with broken_link(method, variant):
-            raced = train_run("cuda", block, clipping, steps, CUDA_WIDTHS, accumulate_on=accumulate_on)
+        if CONTROL_CASE not in cpu_runs:
+            controls.append(control(name, None, f"not run: its case {CONTROL_CASE} raised"))
+            continue
+        try:
+            with broken_link(method, variant):
+                raced = train_run("cuda", block, clipping, steps, CUDA_WIDTHS, accumulate_on=accumulate_on)
+        except Exception as exc:  # this control's row only: the others still run
+            rows.append(crashed_row(f"control: {name}", ("cuda", "cpu"), steps, exc))
+            controls.append(control(name, None, f"{RAISED} {type(exc).__name__}: {exc}"))
+            continue
         row = case_row(f"control: {name}", ("cuda", "cpu"), steps, raced, cpu_runs[CONTROL_CASE])
         rows.append(row)
         controls.append(control(name, not row["ok"], f"{CONTROL_CASE} with Link.{method} broken: max diff / "
@@ -295,10 +316,14 @@ def run_cases(devices: tuple[str, str], steps: int, cuda: bool) -> tuple[list[di
     cases[STRESS] = (*STRESS_CASE, STRESS_WIDTHS if cuda else SMALL_WIDTHS, BACKLOG_CYCLES if cuda else 0)
     rows, second = [], {}
     for name, (block, clipping, accumulate_on, w, backlog) in cases.items():
-        a, b = (train_run(d, block, clipping, steps, w, backlog_cycles=backlog, accumulate_on=accumulate_on)
-                for d in devices)
-        rows.append(case_row(name, devices, steps, a, b, widths=list(w), clipping=clipping, backlog_cycles=backlog,
-                             accumulate_on=accumulate_on))
+        details = dict(widths=list(w), clipping=clipping, backlog_cycles=backlog, accumulate_on=accumulate_on)
+        try:
+            a, b = (train_run(d, block, clipping, steps, w, backlog_cycles=backlog, accumulate_on=accumulate_on)
+                    for d in devices)
+        except Exception as exc:  # this case's row only: the others still run (gpu-audit-4 F3)
+            rows.append(crashed_row(name, devices, steps, exc, **details))
+            continue
+        rows.append(case_row(name, devices, steps, a, b, **details))
         second[name] = b
     return rows, second
 
@@ -318,6 +343,9 @@ def differential_check(cuda: bool, steps: int = 24) -> tuple[dict[str, Any], lis
 
 def self_check_verdict(rows: list[dict[str, Any]], controls: list[dict[str, Any]]) -> dict[str, Any]:
     """CPU vs CPU: "not checked" (no CUDA) when bit-identical and on the same paths, else "fail"."""
+    crashed = [p for r in rows if "raised" in r for p in row_problems(r)]
+    if crashed:
+        return check("differential", "fail", "; ".join(crashed), controls=controls)
     exact = all(r["max_abs"] == 0.0 for r in rows) and not any(row_problems(r) for r in rows)
     note = "exactly equal)" if exact else "NOT equal: the CPU run is not deterministic)"
     return check("differential", "not checked" if exact else "fail",
@@ -328,5 +356,7 @@ def differential_verdict(rows: list[dict[str, Any]], controls: list[dict[str, An
     """Pass when every case agrees within the tolerance on the same paths and every negative control failed."""
     problems = [p for r in rows for p in row_problems(r)]
     problems += [f"negative control passed: {name}" for name in blind_spots(controls)]
+    problems += [f"negative control {c['control']}: {c['detail']}" for c in controls
+                 if c["detail"].startswith(RAISED)]
     return check("differential", "fail" if problems else "pass", "; ".join(problems) or None, controls=controls,
                  **details)

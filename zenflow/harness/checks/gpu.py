@@ -325,8 +325,13 @@ def _differential_panel(ax: Any, diff: list[dict[str, Any]]) -> None:
     split = any("by_kind" in r for r in diff)
     kinds = [("column", "#4C72B0"), ("dense", "#8172B3"), ("losses", "#937860")] if split else [(None, None)]
     width = 0.8 / len(kinds)
+    for i, r in enumerate(diff):
+        if "raised" in r:  # no ratio: its run raised (differential.crashed_row)
+            ax.text(i, 1.0, "raised", ha="center", va="bottom", fontsize=7, color="#C44E52")
     for j, (kind, color) in enumerate(kinds):
         for i, r in enumerate(diff):
+            if "raised" in r:
+                continue
             ratio = (r.get("by_kind", {}).get(kind) or {}).get("max_ratio", 0.0) if kind else r["max_ratio"]
             x, y = i + (j - (len(kinds) - 1) / 2) * width, max(ratio, 1e-9)
             label = None if not kind or i else kind if kind == "losses" else f"{kind} params"
