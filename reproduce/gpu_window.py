@@ -6,7 +6,8 @@ of at most 8 files. This command runs there with the host's own python, installs
 in .whl/ into a temporary site when DeepSpeed is not importable, and spends its budget in order of value:
 
     1 facts      nvidia-smi -q, pip list, cores, memory, /dev/shm, the commit (git, or $ZENFLOW_GIT_COMMIT)
-    2 op build   DeepSpeed's CPU Adam op, in the background on two cores, timed (ds engines dropped if it fails)
+    2 op build   DeepSpeed's CPU Adam op, in the background on two cores from the start, timed (ds engines dropped
+                 if it fails, or if it is not done BUILD_WAIT_S after the checks: then the phase is "cut")
     3 checks     gpu-check's environment, differential, memory and pcie checks, seconds per check
     4 ceiling    the host's AdamW and accumulation rates (costmodel/host_ceiling.py)
     5 scenario   Llama-2-7B layer shapes, ENGINES in order, each started only when its estimate fits the time left
@@ -14,6 +15,8 @@ in .whl/ into a temporary site when DeepSpeed is not importable, and spends its 
     ZENFLOW_GIT_COMMIT=<sha> python3 reproduce/gpu_window.py --out $OUT            # on the GPU host (590 s command)
     python reproduce/gpu_window.py --publish gpu-evidence.tar.gz                   # here: into results/, claims
     python reproduce/gpu_window.py --rehearsal --out build/rehearsal --budget-s 90 # the CPU dress rehearsal
+
+Exit status: 0 every phase ran; 1 a phase failed; CUT_EXIT (3) none failed, one was cut for time; 143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a bare script with the host's python
 
 from zenflow.harness.checks import arguments as cc  # noqa: E402
-from zenflow.harness.checks.preflight import torch_extensions_dir  # noqa: E402
+from zenflow.harness.checks.preflight import stale_build_locks, torch_extensions_dir  # noqa: E402
 from zenflow.harness.engines.registry import is_deepspeed  # noqa: E402
 from zenflow.harness.window import Window, WindowClosed  # noqa: E402
 from zenflow.telemetry.environment import git_commit  # noqa: E402
@@ -56,6 +59,9 @@ OP_BUILD = ("from deepspeed.accelerator import get_accelerator; "
             "get_accelerator().create_op_builder('CPUAdamBuilder').load(); print('CPU Adam op ready', flush=True)")
 SCENARIO_RESERVE_S = 15  # the scenario's table and figure after its last run, within the deadline
 CHECKS_MAX_S = 240  # the checks take 50-100 s on an H100 (estimated): a hung one must not eat the scenario
+BUILD_WAIT_S = 90  # after the checks, the op build may hold the scenario this much longer (it started before them)
+CUT = "cut"  # a phase stopped for time: the budget's doing, not a failure
+CUT_EXIT = 3  # the window's exit status when a phase was cut for time and none failed
 # The lent host's stated memory (128 GiB) less 10%: a microVM's RAM starts small and grows as it is used, so the
 # memory plan must not read MemAvailable at the start (the device documentation; gpu-audit-4 F1)
 HOST_MEMORY_GIB = 115.0
@@ -108,16 +114,17 @@ def probe(env: dict[str, str], imports: str = PROBE) -> str | None:
     return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
 
 
-def install_wheels(w: Window) -> Path | None:
-    """The .whl/ set in a temporary site when the probe fails (and a set is here); the site, or None."""
+def install_wheels(w: Window) -> tuple[Path | None, bool]:
+    """The .whl/ set in a temporary site when the probe fails (and a set is here); the site, or None, and whether
+    the probe passed (DeepSpeed imports: its op build may start at once, with no probe of its own)."""
     began, missing = time.monotonic(), probe(child_env(None))
     if missing is None:
         w.record("wheels", time.monotonic() - began, "ok", installed=False, note="DeepSpeed imports as installed")
-        return None
+        return None, True
     if not (WHEELS / "requirements.txt").is_file():
         w.record("wheels", time.monotonic() - began, "failed", installed=False,
                  note=f"{missing}; no {WHEELS.name}/ set here (make gpu-wheels): ds engines dropped")
-        return None
+        return None, False
     site = Path(tempfile.mkdtemp(prefix="zenflow-site-"))
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--find-links",
            str(WHEELS), "--target", str(site), "-r", str(WHEELS / "requirements.txt")]
@@ -125,7 +132,7 @@ def install_wheels(w: Window) -> Path | None:
     still = probe(child_env(site)) if code == 0 else f"pip exit {code}"
     w.record("wheels", time.monotonic() - began, "ok" if still is None else "failed", installed=code == 0,
              before=missing, after=still or "imports")
-    return site
+    return site, still is None
 
 
 def facts(w: Window, env: dict[str, str]) -> str:
@@ -198,7 +205,8 @@ def scenario_name(args: argparse.Namespace) -> str:
 
 
 def window(args: argparse.Namespace) -> int:
-    """The five phases under one deadline; 0 when every phase ran (runs cut for time are not a failure)."""
+    """The five phases under one deadline; 0 when every phase ran (runs cut for time are not a failure), CUT_EXIT
+    when a phase was cut for time and none failed, 1 when one failed."""
     work = args.work
     if not args.resume and work.exists():
         shutil.rmtree(work)  # a fresh window: nothing of an earlier one in the archive
@@ -208,18 +216,18 @@ def window(args: argparse.Namespace) -> int:
                                                "rehearsal": args.rehearsal, "layers": args.layers})
     status = "ok"
     try:
-        site = install_wheels(w)
+        site, imports = install_wheels(w)
         env = {**child_env(site), **({"ZENFLOW_GIT_COMMIT": commit} if commit else {})}
+        ds_ok = imports or probe(env, PROBE_DS) is None  # the wheels' probe said so: no third import (F4)
+        build = w.start([sys.executable, "-c", OP_BUILD], w.work / "op-build.log", {**env, "MAX_JOBS": "2"},
+                        two_cores) if ds_ok else None  # at once: beside the facts and the checks
+        build_began = time.monotonic()
         facts(w, env)
         engines = list(ENGINES)
-        ds_ok = probe(env, PROBE_DS) is None
-        build = w.start([sys.executable, "-c", OP_BUILD], w.work / "op-build.log", {**env, "MAX_JOBS": "2"},
-                        two_cores) if ds_ok else None
-        build_began = time.monotonic()
         if not (args.resume and _complete(w.work / "gpu-check" / "gpu-check.json")):
             began = time.monotonic()
             code = w.run(checks_cmd(args, w), min(CHECKS_MAX_S, w.left()), env)
-            w.record("checks", time.monotonic() - began, "ok" if code in (0, 1) else "failed", exit=code,
+            w.record("checks", time.monotonic() - began, outcome(code, ok=(0, 1)), exit=code,
                      note="exit 1: a check failed (see gpu-check/table.md)" if code == 1 else None)
         ds_ok = ds_ok and wait_for_build(w, build, build_began)
         if not ds_ok:
@@ -229,12 +237,11 @@ def window(args: argparse.Namespace) -> int:
         if not (args.resume and (scenario / "host" / "rates.json").is_file()):
             began = time.monotonic()
             code = w.run(ceiling_cmd(args, scenario), min(60, w.left()), env)
-            w.record("ceiling", time.monotonic() - began, "ok" if code == 0 else "failed", exit=code)
+            w.record("ceiling", time.monotonic() - began, outcome(code), exit=code)
         began = time.monotonic()
         code = w.run(scenario_cmd(args, scenario, engines, w.left() - SCENARIO_RESERVE_S), w.left(), env,
                      watch=scenario)
-        w.record("scenario", time.monotonic() - began, "ok" if code == 0 else "failed", exit=code,
-                 engines=engines)
+        w.record("scenario", time.monotonic() - began, outcome(code), exit=code, engines=engines)
     except (WindowClosed, KeyboardInterrupt) as exc:  # SIGTERM (the device's limit), Ctrl-C
         status = f"stopped ({exc or 'Ctrl-C'})"
         return_code = 143 if isinstance(exc, WindowClosed) else 130
@@ -242,29 +249,59 @@ def window(args: argparse.Namespace) -> int:
         w.say("window failed:\n" + traceback.format_exc())
         status, return_code = "failed (traceback in run.log)", 1
     else:
-        return_code = 0 if all(p["status"] == "ok" for p in w.phases if p["phase"] != "wheels") else 1
+        return_code = exit_status([p["status"] for p in w.phases if p["phase"] != "wheels"])
     w.close(status)
     print(f"evidence: {args.out / 'gpu-evidence.tar.gz'} (+ run.log); publish it here with: python "
           f"reproduce/gpu_window.py --publish gpu-evidence.tar.gz", flush=True)
     return return_code
 
 
+def outcome(code: int, ok: tuple[int, ...] = (0,)) -> str:
+    """A phase's status from its exit code: stopped for time (124, Window.run) is "cut", not a failure."""
+    return "ok" if code in ok else CUT if code == 124 else "failed"
+
+
+def exit_status(statuses: list[str]) -> int:
+    """The window's exit status: 1 when a phase failed, CUT_EXIT when none failed but one was cut for time (the
+    budget, not the code: a cold op build cannot finish in a 60 s budget), else 0."""
+    if any(s not in ("ok", CUT) for s in statuses):
+        return 1
+    return CUT_EXIT if CUT in statuses else 0
+
+
 def wait_for_build(w: Window, build: subprocess.Popen | None, began: float) -> bool:
-    """Wait for the op build (it usually ended during the checks), at most until the deadline; its time (from its
-    start, so it overlaps the checks' in phases.json) and outcome. True when DeepSpeed's CPU Adam is built."""
+    """Wait for the op build (it usually ended during the checks), at most BUILD_WAIT_S more and never past the
+    deadline; its time (from its start, so it overlaps the checks' in phases.json) and outcome. A build still
+    running then is stopped, its lock removed (the next window would wait on it), and the phase is "cut": the ds
+    engines are dropped, the ref engines keep the scenario's time. True when DeepSpeed's CPU Adam is built."""
     if build is None:
         return False
     try:
-        build.wait(timeout=max(w.left(), 0))
+        build.wait(timeout=max(min(BUILD_WAIT_S, w.left()), 0))
         seconds = _ended(w.work / "op-build.log", began)
     except subprocess.TimeoutExpired:
         build.kill()
         build.wait()
         seconds = time.monotonic() - began
+        removed = remove_build_locks()
+        w.record("op-build", seconds, CUT, exit=build.returncode, log="op-build.log",
+                 note=f"op build not done in {seconds:.0f} s: stopped, ds engines dropped"
+                 + (f"; removed {', '.join(removed)}" if removed else ""))
+        return False
     ok = build.returncode == 0
     w.record("op-build", seconds, "ok" if ok else "failed", exit=build.returncode, log="op-build.log",
-             note="in the background, beside the checks")
+             note="in the background, beside the facts and the checks")
     return ok
+
+
+def remove_build_locks() -> list[str]:
+    """The lock files a stopped op build leaves in the extensions folder (torch's FileBaton): removed, so that the
+    next build (a --resume, a run child) does not wait on them forever."""
+    removed = []
+    for lock, _ in stale_build_locks(older_than_s=-1):  # nothing builds now: every lock is stale
+        lock.unlink(missing_ok=True)
+        removed.append(str(lock))
+    return removed
 
 
 def _ended(log: Path, began: float) -> float:

@@ -241,3 +241,36 @@ def test_close_gives_the_staging_arenas_page_locking_back_and_a_later_step_takes
     assert registered == [opt.arena.buffer.data_ptr()]  # a later step pins it again
     opt.close()
     assert registered == []
+
+
+# ---- F4: the op build holds the scenario at most BUILD_WAIT_S; a stopped build leaves no lock --------------------
+
+def test_a_build_still_running_after_its_wait_is_stopped_its_lock_removed_and_the_phase_cut(tmp_path, monkeypatch):
+    extensions = tmp_path / "torch_extensions"
+    lock = extensions / "py311_cpu" / "cpu_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+    monkeypatch.setattr(gpu_window, "BUILD_WAIT_S", 1)
+    w = Window(tmp_path / "work", tmp_path / "out", 600, {"commit": None})
+    try:
+        began = time.monotonic()
+        build = w.start([sys.executable, "-c", f"open({str(lock)!r}, 'w'); import time; time.sleep(600)"],
+                        w.work / "op-build.log")
+        while not lock.exists():  # the build holds torch's lock, as a real one does while it compiles
+            time.sleep(0.05)
+        assert gpu_window.wait_for_build(w, build, began) is False
+        assert time.monotonic() - began < 30 and build.poll() is not None  # stopped, not waited for 600 s
+    finally:
+        w.close("ok")
+    phase = w.phases[0]
+    assert phase["phase"] == "op-build" and phase["status"] == gpu_window.CUT
+    assert phase["note"].startswith("op build not done in") and "ds engines dropped" in phase["note"]
+    assert not lock.exists()  # the next window's build does not wait on it
+
+
+def test_a_phase_cut_for_time_is_not_a_failure_and_has_its_own_exit_status():
+    assert [gpu_window.outcome(c) for c in (0, 1, 124)] == ["ok", "failed", "cut"]
+    assert gpu_window.outcome(1, ok=(0, 1)) == "ok"  # the checks: exit 1 is a check that failed, reported
+    assert gpu_window.exit_status(["ok", "ok"]) == 0
+    assert gpu_window.exit_status(["ok", "cut", "ok"]) == gpu_window.CUT_EXIT == 3
+    assert gpu_window.exit_status(["cut", "failed"]) == 1
