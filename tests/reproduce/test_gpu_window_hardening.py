@@ -274,3 +274,44 @@ def test_a_phase_cut_for_time_is_not_a_failure_and_has_its_own_exit_status():
     assert gpu_window.exit_status(["ok", "ok"]) == 0
     assert gpu_window.exit_status(["ok", "cut", "ok"]) == gpu_window.CUT_EXIT == 3
     assert gpu_window.exit_status(["cut", "failed"]) == 1
+
+
+# ---- F5: a facts child that dies costs the hardware id's first source, not the window ------------------------------
+
+def test_a_facts_child_that_writes_no_environment_record_does_not_end_the_window(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_window, "_output", lambda cmd, env=None: "(exit 1) CUDA init raised\n")
+    w = Window(tmp_path / "work", tmp_path / "out", 60, {"commit": None, "layers": 4})
+    try:
+        assert gpu_window.facts(w, {}) is None  # before: FileNotFoundError, and the window packed and exited 1
+    finally:
+        w.close("ok")
+    assert w.phases[0]["phase"] == "facts" and w.phases[0]["status"] == "failed"
+
+
+def test_publish_files_a_window_without_facts_under_the_checks_or_a_runs_hardware_id(tmp_path):
+    import json
+
+    from zenflow.reports.publish import hardware_fallback
+
+    work = tmp_path / "work"
+    (work / "smoke" / ".partial").mkdir(parents=True)
+    assert hardware_fallback(work, "smoke") is None  # nothing names one: publish refuses, in one line
+    RunRecord(engine="ref-zenflow", status="ok", environment={"hardware_id": "nvidia-h200-141gb"}).write(
+        work / "smoke" / ".partial" / "ref-zenflow-r0.json")
+    assert hardware_fallback(work, "smoke") == "nvidia-h200-141gb"
+    (work / "gpu-check").mkdir()
+    (work / "gpu-check" / "gpu-check.json").write_text(json.dumps({"environment": {"hardware_id": "from-checks"}}))
+    assert hardware_fallback(work, "smoke") == "from-checks"  # the checks' record first
+
+
+def test_a_probe_that_times_out_is_an_answer_and_a_tiny_deadline_is_never_zero(monkeypatch):
+    import subprocess
+
+    def slow(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], 120)
+
+    monkeypatch.setattr(gpu_window.subprocess, "run", slow)
+    assert gpu_window.probe({}) == "the import probe took over 120 s"
+    args = gpu_window.parse_args(["--out", "/tmp/out"])
+    command = gpu_window.scenario_cmd(args, Path("/tmp/s"), CORE, 0.3)
+    assert command[command.index("--deadline-s") + 1] == "1"  # llama7b refuses "0" (exit 2): "failed", not "cut"

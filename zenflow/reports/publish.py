@@ -45,10 +45,10 @@ def publish_window(archive: Path, into: Path | None = None) -> list[str]:
         except EvidenceError as exc:
             raise PublishError(str(exc)) from exc
         work = Path(tmp) / manifest["folder"]
-        hardware = manifest.get("hardware_id")
+        hardware = manifest.get("hardware_id") or hardware_fallback(work, manifest.get("scenario"))
         if not hardware:
-            raise PublishError(f"{archive}: no hardware id (the window's facts phase did not finish): nothing to "
-                               "file it under")
+            raise PublishError(f"{archive}: no hardware id (the window's facts phase did not finish, and neither "
+                               "the checks' record nor any run record names one): nothing to file it under")
         if hardware.startswith("cpu-scale") and root.resolve() == RESULTS.resolve():
             raise PublishError(f"{archive}: hardware id {hardware!r} is not allowed in results/: a cpu-scale set "
                                "(the CPU rehearsal?) never stands as a GPU's; expected a GPU host's, or --into DIR")
@@ -59,6 +59,26 @@ def publish_window(archive: Path, into: Path | None = None) -> list[str]:
         if scenario.is_dir():
             written.append(_scenario(scenario, root / "llama7b" / hardware / manifest["scenario"]))
     return written
+
+
+def hardware_fallback(work: Path, scenario: str | None) -> str | None:
+    """The hardware id where the facts phase left none (gpu-audit-4 F5): the checks' record's environment, then
+    the first run record that has one."""
+    try:
+        found = json.loads((work / "gpu-check" / "gpu-check.json").read_text())["environment"]["hardware_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        found = None
+    if found or not scenario:
+        return found
+    for folder in (work / scenario, work / scenario / PARTIAL):
+        for path in sorted(folder.glob("*.json")):
+            try:
+                found = RunRecord.read(path).environment.get("hardware_id")
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+            if found:
+                return found
+    return None
 
 
 def _gpu_check(work: Path, dest: Path) -> str:
