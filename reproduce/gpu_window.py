@@ -85,13 +85,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="here, after the window: check the archive, put its sets into results/ and remake the claims")
     ap.add_argument("--into", type=cc.out_folder, default=None,
                     help="with --publish: this folder instead of results/ (a cpu-scale set is refused only there)")
+    ap.add_argument("--replace", action="store_true",
+                    help="with --publish: clear a set already published for this hardware first (never merged)")
     ap.add_argument("--work", type=cc.out_folder, default=ROOT / "build" / "gpu-window",
                     help="where the phases write before packing (default build/gpu-window; --resume reuses it)")
     args = ap.parse_args(argv)
     if args.publish is None and args.out is None:
         ap.error("argument --out: required (expected the folder that comes back), or --publish TARBALL")
-    if args.into and not args.publish:
-        ap.error("argument --into: only with --publish")
+    if (args.into or args.replace) and not args.publish:
+        ap.error(f"argument {'--into' if args.into else '--replace'}: only with --publish")
     if args.host_memory_gib is None and not args.rehearsal:
         args.host_memory_gib = HOST_MEMORY_GIB
     return args
@@ -329,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         from zenflow.reports.publish import PublishError, publish_window
 
         try:
-            for line in publish_window(args.publish, args.into):
+            for line in publish_window(args.publish, args.into, args.replace):
                 print(line)
         except PublishError as exc:
             return cc.refuse(str(exc))

@@ -315,3 +315,64 @@ def test_a_probe_that_times_out_is_an_answer_and_a_tiny_deadline_is_never_zero(m
     args = gpu_window.parse_args(["--out", "/tmp/out"])
     command = gpu_window.scenario_cmd(args, Path("/tmp/s"), CORE, 0.3)
     assert command[command.index("--deadline-s") + 1] == "1"  # llama7b refuses "0" (exit 2): "failed", not "cut"
+
+
+# ---- P1-P3: publishing on the CPU side ----------------------------------------------------------------------------
+
+H100_CHECKS = ROOT / "results" / "gpu-check" / "nvidia-h100-80gb-hbm3x1-pcie5" / "gpu-check.json"
+
+
+def _window_archive(tmp_path: Path, name: str, table: str = "as the host wrote it\n") -> Path:
+    """An archive of a window whose checks ran (the committed H100 record) and whose scenario did not."""
+    import shutil
+
+    from zenflow.harness.evidence import pack
+
+    work = tmp_path / name / "work"
+    (work / "gpu-check").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(H100_CHECKS, work / "gpu-check" / "gpu-check.json")
+    (work / "gpu-check" / "table.md").write_text(table)
+    archive = tmp_path / name / "gpu-evidence.tar.gz"
+    pack(work, archive, {"hardware_id": "nvidia-h200-141gb", "scenario": "llama2-7b-4L", "folder": "work"})
+    return archive
+
+
+def test_a_second_window_is_refused_unless_replace_clears_the_first(tmp_path):
+    from zenflow.reports.publish import PublishError, publish_window
+
+    into = tmp_path / "results"
+    publish_window(_window_archive(tmp_path, "first"), into)
+    (into / "gpu-check" / "nvidia-h200-141gb" / "from-the-first.txt").write_text("x")
+    with pytest.raises(PublishError, match="already holds a set .* --replace clears it first"):
+        publish_window(_window_archive(tmp_path, "second"), into)
+    assert (into / "gpu-check" / "nvidia-h200-141gb" / "from-the-first.txt").exists()  # refused: nothing changed
+    publish_window(_window_archive(tmp_path, "second"), into, replace=True)
+    assert not (into / "gpu-check" / "nvidia-h200-141gb" / "from-the-first.txt").exists()  # cleared, not merged
+
+
+def test_the_checks_table_is_made_here_not_copied(tmp_path):
+    import json
+
+    from zenflow.harness.checks import gpu as gc
+    from zenflow.reports.publish import publish_window
+
+    into = tmp_path / "results"
+    publish_window(_window_archive(tmp_path, "w", table="| made | by another tabulate |\n"), into)
+    table = (into / "gpu-check" / "nvidia-h200-141gb" / "table.md").read_text()
+    assert table == gc.markdown(json.loads(H100_CHECKS.read_text())) and "another tabulate" not in table
+
+
+def test_a_set_of_skipped_runs_publishes_with_the_windows_hardware_label(tmp_path):
+    from zenflow.harness.memory_plan import NEEDS
+    from zenflow.reports.publish import _scenario
+
+    scenario = tmp_path / "llama2-7b-4L"
+    scenario.mkdir()
+    for engine in ("ref-zenflow", "ref-offload"):
+        RunRecord(engine=engine, status="skipped", error=f"{NEEDS}200.0 GiB host").write(scenario / f"{engine}.json")
+    facts = {"cpu": {"model": "AMD EPYC 9654", "allowed_cores": 16}, "gpus": []}
+    line = _scenario(scenario, tmp_path / "out", facts)  # before: KeyError 'cpu' from the label
+    assert "0 ok, 2 skipped or failed of 2 records" in line
+    assert "16-core AMD EPYC 9654" in (tmp_path / "out" / "table.md").read_text()
+    _scenario(scenario, tmp_path / "bare", {})  # no facts either: said, not a traceback
+    assert "unknown CPU" in (tmp_path / "bare" / "table.md").read_text()

@@ -24,6 +24,7 @@ from zenflow.harness.checks import gpu as gc
 from zenflow.harness.evidence import EvidenceError, unpack
 from zenflow.harness.records import RunRecord
 from zenflow.harness.result_sets import PARTIAL
+from zenflow.harness.tables import write_text_atomic
 from zenflow.reports.scenario import scenario_report
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -36,8 +37,10 @@ class PublishError(RuntimeError):
     """The archive cannot be published here (one line: why)."""
 
 
-def publish_window(archive: Path, into: Path | None = None) -> list[str]:
-    """Publish `archive` into `into` (default: the repository's results/); what was written, a line each."""
+def publish_window(archive: Path, into: Path | None = None, replace: bool = False) -> list[str]:
+    """Publish `archive` into `into` (default: the repository's results/); what was written, a line each. A set
+    already there is refused unless `replace`, which clears it first: two windows are never merged (a second
+    window's cut runs would replace the first's finished ones, and the table would show one of them)."""
     root = RESULTS if into is None else Path(into)
     with tempfile.TemporaryDirectory(prefix="gpu-evidence-") as tmp:
         try:
@@ -52,13 +55,30 @@ def publish_window(archive: Path, into: Path | None = None) -> list[str]:
         if hardware.startswith("cpu-scale") and root.resolve() == RESULTS.resolve():
             raise PublishError(f"{archive}: hardware id {hardware!r} is not allowed in results/: a cpu-scale set "
                                "(the CPU rehearsal?) never stands as a GPU's; expected a GPU host's, or --into DIR")
+        checks, scenario = work / "gpu-check" / "gpu-check.json", work / manifest["scenario"]
+        dests = {root / "gpu-check" / hardware: checks.is_file(),
+                 root / "llama7b" / hardware / manifest["scenario"]: scenario.is_dir()}
+        for dest in (d for d, used in dests.items() if used and d.exists()):
+            if not replace:
+                raise PublishError(f"{dest} already holds a set (an earlier window?): two windows are never "
+                                   "merged; --replace clears it first")
+            shutil.rmtree(dest)
         written = []
-        if (work / "gpu-check" / "gpu-check.json").is_file():
+        if checks.is_file():
             written.append(_gpu_check(work, root / "gpu-check" / hardware))
-        scenario = work / manifest["scenario"]
         if scenario.is_dir():
-            written.append(_scenario(scenario, root / "llama7b" / hardware / manifest["scenario"]))
+            written.append(_scenario(scenario, root / "llama7b" / hardware / manifest["scenario"],
+                                     _facts_environment(work)))
     return written
+
+
+def _facts_environment(work: Path) -> dict:
+    """The window's environment record (facts/), the hardware label of a set whose records have none (every run
+    skipped, or failed before it started: gpu-audit-4 P2)."""
+    try:
+        return json.loads((work / "facts" / "environment.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def hardware_fallback(work: Path, scenario: str | None) -> str | None:
@@ -82,11 +102,12 @@ def hardware_fallback(work: Path, scenario: str | None) -> str | None:
 
 
 def _gpu_check(work: Path, dest: Path) -> str:
-    """The checks' record and table as they came, the figure drawn here, and the window's facts beside them."""
+    """The checks' record as it came, its table and figure made here (this side's tabulate, as the committed-table
+    test remakes them: gpu-audit-4 P3), and the window's facts beside them."""
     dest.mkdir(parents=True, exist_ok=True)
     record = json.loads((work / "gpu-check" / "gpu-check.json").read_text())
-    for name in ("gpu-check.json", "table.md"):
-        shutil.copyfile(work / "gpu-check" / name, dest / name)
+    shutil.copyfile(work / "gpu-check" / "gpu-check.json", dest / "gpu-check.json")
+    write_text_atomic(dest / "table.md", gc.markdown(record))
     gc.figure(record, dest / "figure.png")
     for name in WINDOW_FILES:
         if (work / name).is_file():
@@ -96,7 +117,7 @@ def _gpu_check(work: Path, dest: Path) -> str:
            f"{len(record['checks'])} checks passed)"
 
 
-def _scenario(scenario: Path, dest: Path) -> str:
+def _scenario(scenario: Path, dest: Path, environment: dict) -> str:
     """The scenario's records (a plan cut short has them in .partial/), the host's rates, the table made here."""
     found: dict[str, tuple[Path, RunRecord]] = {}
     for folder in (scenario, scenario / PARTIAL):  # a staged record is the newer one of its name
@@ -114,6 +135,6 @@ def _scenario(scenario: Path, dest: Path) -> str:
         (dest / host_ceiling.FILE).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(rates, dest / host_ceiling.FILE)
     records = [record for _, record in kept.values()]
-    scenario_report(records, dest, {})  # the label from the records themselves, as the committed-table test does
+    scenario_report(records, dest, environment)  # the label from the records, else from the window's facts
     ok = sum(r.status == "ok" for r in records)
     return f"llama7b: {dest} ({ok} ok, {len(records) - ok} skipped or failed of {len(records)} records)"

@@ -173,8 +173,9 @@ def hardware_id(env: dict[str, Any]) -> str:
 
 def hardware_label(env: dict[str, Any]) -> str:
     """Human-readable hardware line for reports."""
-    model = re.sub(r"\s*\((R|TM)\)", "", env["cpu"]["model"] or "unknown CPU")
-    cpu = f"{env['cpu']['allowed_cores']}-core {model}"
+    info = env.get("cpu") or {}  # none in a set of skipped runs, with no window facts beside it
+    model = re.sub(r"\s*\((R|TM)\)", "", info.get("model") or "unknown CPU")
+    cpu = f"{info.get('allowed_cores', '?')}-core {model}"
     names, gen = _gpus(env)
     if not names:
         return f"cpu-scale: {cpu} (no GPU)"
