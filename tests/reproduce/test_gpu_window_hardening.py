@@ -376,3 +376,30 @@ def test_a_set_of_skipped_runs_publishes_with_the_windows_hardware_label(tmp_pat
     assert "16-core AMD EPYC 9654" in (tmp_path / "out" / "table.md").read_text()
     _scenario(scenario, tmp_path / "bare", {})  # no facts either: said, not a traceback
     assert "unknown CPU" in (tmp_path / "bare" / "table.md").read_text()
+
+
+# ---- F7: a run child of a ref engine does not import DeepSpeed ------------------------------------------------------
+
+def test_a_run_child_of_a_ref_engine_does_not_import_deepspeed(run_spec):
+    """2-5 s per run child on the GPU host (gpu-audit-4 F7): the record still names DeepSpeed's version, from its
+    installed metadata. The control: the window's facts capture (the default) does import it."""
+    import json
+    import os
+    import subprocess
+    from dataclasses import asdict
+
+    def child(code: str, *args: str) -> dict:
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    spec = json.dumps(asdict(run_spec("ref-offload")))
+    session = child("import json, sys; from zenflow.harness.session import RunSpec, Session; "
+                    "s = Session(RunSpec(**json.loads(sys.argv[1]))); print(json.dumps({'imported': 'deepspeed' in "
+                    "sys.modules, 'ds': s.record.environment['deepspeed']}))", spec)
+    assert session["imported"] is False and session["ds"]["version"] == "0.19.8"
+    facts = child("import json, sys; from zenflow.telemetry.environment import capture_environment; "
+                  "env = capture_environment(); print(json.dumps({'imported': 'deepspeed' in sys.modules, "
+                  "'ds': env['deepspeed']}))")
+    assert facts["imported"] is True and facts["ds"]["version"] == "0.19.8" and facts["ds"]["accelerator"] == "cpu"

@@ -93,7 +93,8 @@ class Session:
 
     def __init__(self, spec: RunSpec) -> None:
         self.started = time.perf_counter()
-        machine = environment()  # before a rank is bound to its cores: the record names the machine it ran on
+        # before a rank is bound to its cores: the record names the machine it ran on
+        machine = environment(import_deepspeed=is_deepspeed(spec.engine))
         rank_cores = None
         if spec.num_gpus > 1 and not torch.cuda.is_available():
             rank_cores = bind_rank_cores()  # CPU ranks: each its own share of the cores (--bind_cores_to_rank)
@@ -292,8 +293,8 @@ def model_facts(model: Any) -> dict[str, Any]:
             "model_bytes": sum(p.numel() for p in column) * element}
 
 
-def environment() -> dict[str, Any]:
+def environment(import_deepspeed: bool = True) -> dict[str, Any]:
     try:
-        return capture_environment()
+        return capture_environment(import_deepspeed)
     except Exception as exc:  # the record says why instead of failing the run
         return {"error": f"environment capture failed: {exc!r}"}

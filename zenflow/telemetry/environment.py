@@ -108,8 +108,16 @@ def _version(package: str) -> str | None:
         return None
 
 
-def capture_environment() -> dict[str, Any]:
-    """JSON-serialisable facts about this process's software and hardware, plus `hardware_id`."""
+def _deepspeed_installed() -> dict[str, Any]:
+    """DeepSpeed's version from its installed metadata, without importing it (seconds and an accelerator probe that
+    a run of a non-DeepSpeed engine does not need: gpu-audit-4 F7)."""
+    return {"version": _version("deepspeed"), "accelerator": None, "error": None, "imported": False}
+
+
+def capture_environment(import_deepspeed: bool = True) -> dict[str, Any]:
+    """JSON-serialisable facts about this process's software and hardware, plus `hardware_id`. `import_deepspeed`:
+    import it to record its accelerator and whether it imports (a DeepSpeed run, the window's facts), or read its
+    version from the installed metadata only (every other run child)."""
     try:
         allowed = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -119,7 +127,7 @@ def capture_environment() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "torch": _torch(),
-        "deepspeed": dict(_deepspeed()),
+        "deepspeed": dict(_deepspeed()) if import_deepspeed or "deepspeed" in sys.modules else _deepspeed_installed(),
         "transformers": _version("transformers"),
         "git": _git(),
         "hostname": socket.gethostname(),
