@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a bare script with the host's python
@@ -43,6 +44,9 @@ from zenflow.telemetry.environment import git_commit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ROOT / ".whl"
+# One site for the set, in the git-ignored build/ a warm machine keeps: a --resume finds it and DeepSpeed's op build
+# (whose build line holds the site's paths) is not redone (gpu-audit-4 F9)
+SITE = ROOT / "build" / "site"
 # A 590 s command: the phases end by 540 s; a child still running then gets SIGTERM and 20 s to write its records,
 # and the last pack takes seconds.
 BUDGET_S = 540
@@ -55,6 +59,7 @@ ENGINES = ["ref-zenflow", "ref-offload", "ds-zero-offload", "no-offload", "ds-ze
 CHECKS = "environment,differential,memory,pcie"  # gpu-check's engines on a small Llama: an H100 record exists
 PROBE_DS = "import deepspeed, hjson, pydantic"  # the real imports, not find_spec (gpu-audit-3 B3)
 PROBE = PROBE_DS + ", mistral_common"  # all the set brings: the Llama tokenizer's file too (else: UTF-8 bytes)
+NEWER_IS_FINE = ("typing-extensions",)  # a backport: a newer one serves everything an older one does
 OP_BUILD = ("from deepspeed.accelerator import get_accelerator; "
             "get_accelerator().create_op_builder('CPUAdamBuilder').load(); print('CPU Adam op ready', flush=True)")
 SCENARIO_RESERVE_S = 15  # the scenario's table and figure after its last run, within the deadline
@@ -130,14 +135,49 @@ def install_wheels(w: Window) -> tuple[Path | None, bool]:
         w.record("wheels", time.monotonic() - began, "failed", installed=False,
                  note=f"{missing}; no {WHEELS.name}/ set here (make gpu-wheels): ds engines dropped")
         return None, False
-    site = Path(tempfile.mkdtemp(prefix="zenflow-site-"))
+    site = SITE
+    if site.is_dir() and probe(child_env(site)) is None:  # a warm machine's --resume: same paths, same op build
+        w.record("wheels", time.monotonic() - began, "ok", installed=False, before=missing,
+                 note=f"the set's site of an earlier window imports: reused ({site})")
+        return site, True
+    shutil.rmtree(site, ignore_errors=True)
+    site.mkdir(parents=True)
+    lines = (WHEELS / "requirements.txt").read_text().splitlines()
+    wanted = site / "requirements.txt"  # in the site's folder: pip installs packages, not this file, there
+    wanted.write_text("\n".join(requirements_here(lines, installed_version)) + "\n")
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--find-links",
-           str(WHEELS), "--target", str(site), "-r", str(WHEELS / "requirements.txt")]
+           str(WHEELS), "--target", str(site), "-r", str(wanted)]
     code = w.run(cmd, timeout_s=max(w.left(), 1))
     still = probe(child_env(site)) if code == 0 else f"pip exit {code}"
     w.record("wheels", time.monotonic() - began, "ok" if still is None else "failed", installed=code == 0,
              before=missing, after=still or "imports")
     return site, still is None
+
+
+def requirements_here(lines: list[str], installed: Callable[[str], str | None]) -> list[str]:
+    """The set's requirement lines, less a backport (NEWER_IS_FINE) the image already has at the set's version or
+    newer: the set's site comes first on every child's path and would shadow the image's newer one (gpu-audit-4
+    F8). Every other package is installed at the set's version, what the tests here ran."""
+    from packaging.version import Version
+
+    kept = []
+    for line in lines:
+        name, _, version = line.partition("==")
+        have = installed(name.strip()) if name.strip().lower().replace("_", "-") in NEWER_IS_FINE else None
+        if have and version and Version(have) >= Version(version.strip()):
+            continue
+        kept.append(line)
+    return kept
+
+
+def installed_version(package: str) -> str | None:
+    """The version this interpreter's image has of `package`, or None."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def facts(w: Window, env: dict[str, str]) -> str:

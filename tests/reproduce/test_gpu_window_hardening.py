@@ -403,3 +403,44 @@ def test_a_run_child_of_a_ref_engine_does_not_import_deepspeed(run_spec):
                   "env = capture_environment(); print(json.dumps({'imported': 'deepspeed' in sys.modules, "
                   "'ds': env['deepspeed']}))")
     assert facts["imported"] is True and facts["ds"]["version"] == "0.19.8" and facts["ds"]["accelerator"] == "cpu"
+
+
+# ---- F8: the set's typing_extensions never shadows a newer one on the image ---------------------------------------
+
+@pytest.mark.parametrize("on_image,installed", [("4.17.0", False), ("4.16.0", False), ("4.15.0", True), (None, True)])
+def test_typing_extensions_is_installed_only_where_the_image_has_an_older_one(on_image, installed):
+    lines = ["# header", "deepspeed==0.19.8", "typing-extensions==4.16.0", "pydantic==2.14.4"]
+    versions = {"typing-extensions": on_image, "deepspeed": "0.20.0", "pydantic": "2.15.0"}
+    kept = gpu_window.requirements_here(lines, versions.get)
+    assert ("typing-extensions==4.16.0" in kept) is installed
+    assert [x for x in kept if "typing" not in x] == ["# header", "deepspeed==0.19.8", "pydantic==2.14.4"]  # pinned
+
+
+# ---- F9: a --resume on a warm machine reuses the set's site ---------------------------------------------------------
+
+def test_the_sets_site_is_one_folder_and_a_second_window_reuses_it(tmp_path, monkeypatch):
+    wheels = tmp_path / ".whl"
+    wheels.mkdir()
+    (wheels / "requirements.txt").write_text("# header\ndeepspeed==0.19.8\n")
+    monkeypatch.setattr(gpu_window, "WHEELS", wheels)
+    monkeypatch.setattr(gpu_window, "SITE", tmp_path / "build" / "site")
+    installs = []
+
+    def fake_pip(self, cmd, timeout_s, env=None, watch=None, preexec=None):  # pip "installs" deepspeed
+        installs.append(cmd)
+        (Path(cmd[cmd.index("--target") + 1]) / "deepspeed").mkdir()
+        return 0
+
+    monkeypatch.setattr(Window, "run", fake_pip)
+    monkeypatch.setattr(gpu_window, "probe", lambda env, imports=gpu_window.PROBE: (
+        None if env["PYTHONPATH"].startswith(str(tmp_path / "build" / "site")) and
+        (tmp_path / "build" / "site" / "deepspeed").is_dir() else "ModuleNotFoundError: deepspeed"))
+    sites = []
+    for window in ("first", "resumed"):
+        w = Window(tmp_path / window, tmp_path / f"{window}-out", 60, {"commit": None})
+        try:
+            sites.append(gpu_window.install_wheels(w))
+        finally:
+            w.close("ok")
+    assert sites[0] == sites[1] == (tmp_path / "build" / "site", True)  # before: a new temporary folder each time
+    assert len(installs) == 1  # the resumed window found it importing: no pip, and the op build's paths unchanged
