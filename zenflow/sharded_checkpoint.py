@@ -18,7 +18,8 @@ selection again, so a resume is exact: the same step, mid-interval, with the sam
 
 The assembly is checkpoint.pack's per-rank dict rearranged (and unpack's on the way back): one format of the state,
 two layouts. Memory: the assembled tensors are on the host, four or five fp32 copies of this rank's rows while
-saving. Data parallelism without FSDP2 (column blocks per rank) keeps its per-rank state dicts
+saving, as DTensors of a CPU mesh over the same ranks (`host_mesh`: on FSDP2's CUDA mesh they would be copied to the
+GPU). Data parallelism without FSDP2 (column blocks per rank) keeps its per-rank state dicts
 (docs/distributed.md, "Checkpoints").
 """
 
@@ -28,6 +29,8 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from zenflow.checkpoint import FORMAT, Checkpointed, unpack
@@ -93,11 +96,29 @@ def _spread(entry: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
 
 
 def _rows(t: torch.Tensor, p: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """This rank's rows `t` of a tensor of global `shape`: a Shard(0) DTensor on p's mesh, or `t` (one process)."""
+    """This rank's rows `t` of a tensor of global `shape`: a Shard(0) DTensor on the host twin of p's mesh, or `t`
+    (one process)."""
     if not isinstance(p, DTensor):
         return t
     stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-    return DTensor.from_local(t, p.device_mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=stride)
+    return DTensor.from_local(t, host_mesh(p.device_mesh), [Shard(0)], run_check=False, shape=torch.Size(shape),
+                              stride=stride)
+
+
+_HOST_MESHES: dict[tuple[int, ...], DeviceMesh] = {}
+
+
+def host_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """`mesh` where it is the CPU's, else a CPU mesh over a gloo group of the same ranks (made once per set of
+    ranks). DTensor.from_local moves a local tensor to its mesh's device type: on FSDP2's CUDA mesh the assembled
+    host state (four or five fp32 copies of a rank's rows, ≈140 GB at 7B on one GPU) would be copied to the GPU
+    while saving (gpu-audit-4 §6)."""
+    if mesh.device_type == "cpu":
+        return mesh
+    ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
+    if ranks not in _HOST_MESHES:  # every rank saves, so every rank makes the group, in the same order
+        _HOST_MESHES[ranks] = DeviceMesh.from_group(dist.new_group(list(ranks), backend="gloo"), "cpu")
+    return _HOST_MESHES[ranks]
 
 
 # ---- whole-width rows -> this rank's entry (checkpoint.unpack) ------------------------------------------------------

@@ -444,3 +444,37 @@ def test_the_sets_site_is_one_folder_and_a_second_window_reuses_it(tmp_path, mon
             w.close("ok")
     assert sites[0] == sites[1] == (tmp_path / "build" / "site", True)  # before: a new temporary folder each time
     assert len(installs) == 1  # the resumed window found it importing: no pip, and the op build's paths unchanged
+
+
+# ---- §6: ShardedState's host state stays on the host under a CUDA mesh ----------------------------------------------
+
+def test_sharded_states_dtensors_are_made_on_a_cpu_mesh_over_the_same_ranks(monkeypatch):
+    """CPU twin of FSDP2 on CUDA: DTensor.from_local moves its local tensor to its mesh's device type, so the
+    assembled host state must be wrapped on a CPU (gloo) mesh of the same ranks, made once. Before: p's CUDA mesh."""
+    import torch
+
+    from zenflow import sharded_checkpoint as sc
+
+    groups, wrapped = [], []
+    cpu_mesh = SimpleNamespace(device_type="cpu")
+    monkeypatch.setattr(sc, "_HOST_MESHES", {})
+    monkeypatch.setattr(sc.dist, "new_group", lambda ranks, backend: groups.append((tuple(ranks), backend)) or "pg")
+    monkeypatch.setattr(sc.DeviceMesh, "from_group",
+                        staticmethod(lambda group, device_type: cpu_mesh if (group, device_type) == ("pg", "cpu")
+                                     else pytest.fail(f"{group}, {device_type}")))
+
+    class FakeDTensor:  # FSDP2's parameter on an nccl mesh of two GPUs
+        device_mesh = SimpleNamespace(device_type="cuda", mesh=torch.tensor([0, 1]))
+
+        @staticmethod
+        def from_local(local, mesh, placements, **kwargs):
+            wrapped.append((local.device.type, mesh.device_type))
+            return local
+
+    monkeypatch.setattr(sc, "DTensor", FakeDTensor)
+    for _ in range(3):
+        sc._rows(torch.zeros(2, 4), FakeDTensor(), (4, 4))
+    assert wrapped == [("cpu", "cpu")] * 3  # host tensors on a host mesh: nothing copied to the GPU
+    assert groups == [((0, 1), "gloo")]  # one gloo group, made once for these ranks
+    plain_cpu = SimpleNamespace(device_type="cpu")
+    assert sc.host_mesh(plain_cpu) is plain_cpu  # FSDP2 on the CPU (gloo): its own mesh, no new group
