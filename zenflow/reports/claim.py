@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zenflow.harness.records import unpack_steps
 from zenflow.harness.tables import read_csv
 
 # The verdicts a claim may reach, and nothing else (issue 34): a rule returns one of these.
@@ -50,7 +51,11 @@ class Files:
         return {row[key]: row for row in self.csv(name)}
 
     def json(self, name: str) -> Any:
-        return json.loads(self.path(name).read_text())
+        """A JSON file; a run record's steps unpacked (records.PACK_STEPS_AT)."""
+        data = json.loads(self.path(name).read_text())
+        if isinstance(data, dict) and "steps" in data and "schema_version" in data:
+            data["steps"] = unpack_steps(data["steps"])
+        return data
 
     def markdown_table(self, name: str, index: int) -> list[dict[str, str]]:
         """The `index`-th GitHub table of a Markdown file, as rows of header → cell text."""
