@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import dp_rank
 import fsdp_rank
@@ -25,6 +26,7 @@ from helpers import train_on_global_batches
 
 from zenflow import ZenFlowAdamW
 from zenflow.config import ConfigError
+from zenflow.distributed import DataParallel
 from zenflow.sharded_checkpoint import ShardedState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,3 +178,27 @@ def test_a_dcp_checkpoint_refuses_another_zenflow_config(tmp_path: Path) -> None
                          **{**SYNC, "zenflow": {**SYNC["zenflow"], "select_interval": 5}})
     with pytest.raises(ConfigError, match="differs from the optimizer's"):
         dcp.load({"optimizer": ShardedState(other)}, checkpoint_id=tmp_path)
+
+
+def test_a_checkpoint_whose_accumulators_do_not_match_its_slots_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Audit 4 CK3: ShardedState's load checks the accumulator count (one per slot) before it slices anything: an
+    entry that lost one of overlap's two accumulators is a ConfigError, not a KeyError mid-load."""
+    model = fsdp_rank.build_model()
+    opt = ZenFlowAdamW(model.parameters(), process_group=False, **OVERLAP)
+    train_on_global_batches(model, opt, fsdp_rank.global_batches(3), WORLD)
+    saved = ShardedState(opt).state_dict()
+    opt.close()
+    entry = saved["state"]["0"]
+    assert len(entry["host_counts"]) == 2 and "accumulator1" in entry  # overlap: two slots
+    del entry["accumulator1"]
+    again = ZenFlowAdamW(fsdp_rank.build_model().parameters(), process_group=False, **OVERLAP)
+    with pytest.raises(ConfigError, match="checkpoint accumulators = 2 do not match the saved tensors"):
+        ShardedState(again).load_state_dict(saved)
+    again.close()
+
+
+def test_sharded_state_refuses_zenflows_own_data_parallelism() -> None:
+    """Audit 4 CK4: data parallelism keeps its per-rank state dicts; ShardedState would save this rank's column block
+    as whole-width tensors."""
+    with pytest.raises(ConfigError, match="not allowed with ZenFlowAdamW's own data parallelism"):
+        ShardedState(SimpleNamespace(dp=DataParallel.__new__(DataParallel)))

@@ -143,3 +143,18 @@ def test_plain_script_without_main_guard_exits_cleanly_with_the_worker_running(t
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "trained 3" in done.stdout
+
+
+@pytest.mark.parametrize("n_cores, fraction, worker, compute", [
+    (2, 0.75, [1], [0]),             # 0.75 of 2 rounds to 2: compute would take both, the worker keeps one
+    (2, 0.1, [1], [0]),              # 0.1 of 2 rounds to 0: compute keeps one
+    (4, 0.5, [2, 3], [0, 1]),
+    (8, 0.75, [6, 7], [0, 1, 2, 3, 4, 5]),
+])
+def test_reserved_cores_give_each_side_at_least_one_core(monkeypatch, n_cores, fraction, worker, compute):
+    """Audit 4 WK2: `reserved_cores` splits the cores as DeepSpeed's pt_reserved_cores_perc does (the fraction for
+    compute, the rest for the worker), and each side gets at least one core."""
+    from zenflow.worker import reserved_cores
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(n_cores)))
+    assert reserved_cores(fraction) == (worker, compute)

@@ -4,6 +4,7 @@ in a real plan, the archive's manifest and its checks, the commit of a tree copi
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 import time
 from pathlib import Path
@@ -31,6 +32,16 @@ def test_estimates_are_corrected_by_the_runs_done():
     past = Deadline(time.time() - 1, {})
     past.observe("x", 2.0)
     assert past.refusal("y").startswith(OUT_OF_TIME)  # the mean of the runs done, against no time left
+
+
+def test_the_correction_is_total_measured_over_total_estimated_seconds():
+    """Audit 4 DL1: the docstring's (measured seconds) / (estimated seconds) of the runs so far, not a mean of ratios
+    (which weighs a 10 s run as much as a 100 s one)."""
+    d = Deadline(time.time() + 1000, {"a": 10.0, "b": 100.0, "c": 200.0})
+    d.observe("a", 30.0)
+    d.observe("b", 100.0)
+    assert d.correction() == pytest.approx((30 + 100) / (10 + 100))
+    assert d.expected("c") == pytest.approx(200 * 130 / 110)
 
 
 def fake_run(spec: RunSpec, out: Path, timeout_s: float = 0) -> RunRecord:
@@ -89,6 +100,44 @@ def test_the_archive_is_checked_against_its_manifest(tmp_path):
         tar.add(work / "b.txt", arcname="work/b.txt")
     with pytest.raises(EvidenceError, match=f"no {MANIFEST}"):
         unpack(no_manifest, tmp_path / "nm")
+
+
+def rewritten(archive, out, members):
+    """A copy of `archive` with `members` (name -> bytes) put in place of, or beside, its own."""
+    with tarfile.open(archive) as tar:
+        kept = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    with tarfile.open(out, "w:gz") as tar:
+        for name, content in {**kept, **members}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    return out
+
+
+def test_an_archive_whose_manifest_has_no_schema_is_refused(tmp_path):
+    """Audit 4 EV2: a manifest that does not say it is a window's ('gpu-evidence/1') is not one: refused."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "b.txt").write_text("hello")
+    archive = tmp_path / "e.tar.gz"
+    manifest = pack(tmp_path / "work", archive, {})
+    unpack(archive, tmp_path / "ok")  # the control: the same archive with its schema is accepted
+    del manifest["schema"]
+    bad = rewritten(archive, tmp_path / "bad.tar.gz", {MANIFEST: json.dumps(manifest).encode()})
+    with pytest.raises(EvidenceError, match="schema None is not allowed: expected 'gpu-evidence/1'"):
+        unpack(bad, tmp_path / "bad")
+
+
+def test_an_archive_member_outside_the_destination_is_refused_and_not_written(tmp_path):
+    """Audit 4 EV3: unpack extracts with the 'data' filter: a member named ../x is refused before it is written."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "b.txt").write_text("hello")
+    archive = tmp_path / "e.tar.gz"
+    pack(tmp_path / "work", archive, {})
+    hostile = rewritten(archive, tmp_path / "hostile.tar.gz", {"../escaped.txt": b"out"})
+    (tmp_path / "into").mkdir()
+    with pytest.raises(EvidenceError, match="not a readable gpu-evidence archive"):
+        unpack(hostile, tmp_path / "into")
+    assert not (tmp_path / "escaped.txt").exists()
 
 
 def test_a_tree_copied_without_git_takes_its_commit_from_the_environment(tmp_path, monkeypatch):

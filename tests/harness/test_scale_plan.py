@@ -5,6 +5,8 @@ process's whatever W; and the verdicts that follow (which engine fits where) are
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from zenflow.harness import scale_plan as sp
@@ -59,3 +61,15 @@ def test_the_table_has_a_row_per_model_and_host_and_a_column_per_engine():
     assert len(rows) == len(sp.MODELS) * len(sp.GPUS)
     assert all(row.count("fits:") + row.count("no:") == len(sp.COLUMNS) for row in rows)
     assert "| Llama-2-13B | 2 × 80 GB, 512 GiB" in table
+
+
+def test_a_rank_over_95_percent_of_its_gpu_does_not_fit(monkeypatch):
+    """Audit 4 SP1: the device verdict leaves the plan's headroom (the header: "95% of each GPU ... usable"): a rank
+    of 78 GiB does not fit an 80 GiB GPU (76 GiB usable), one of 75 GiB does."""
+    def spec_of(device_gib):
+        held = SimpleNamespace(device=device_gib * GiB, pinned=0, pageable=0)
+        return SimpleNamespace(own_block=lambda block: None, memory=lambda spec, inputs: held)
+
+    for device_gib, why in ((78, "GPU 78 GiB"), (75, None)):
+        monkeypatch.setattr(sp, "engine_spec", lambda engine, d=device_gib: spec_of(d))
+        assert sp.cell("ref-zenflow", sp.OVERLAP, sp.MODELS["Llama-2-13B"], 1, BASE).why == why

@@ -76,6 +76,21 @@ def test_an_unstamped_record_is_dated_from_its_commit_to_the_commit_of_its_recor
     assert when.commit_time(repo, "f" * 40) is None
 
 
+def test_a_subfolders_records_do_not_date_the_folder(repo: Path) -> None:
+    """Audit 4 WH1: the folder's own records are committed on its last day, not the records of a subfolder (another
+    set, e.g. deepspeed/) committed later."""
+    ran_at = git(repo, "rev-parse", "HEAD", day="2026-11-20")
+    folder = repo / "results"
+    (folder / "deepspeed").mkdir(parents=True)
+    (folder / "run.json").write_text("{}")
+    git(repo, "add", "results/run.json", day="2026-11-22")
+    git(repo, "commit", "-q", "-m", "runs", day="2026-11-22")
+    (folder / "deepspeed" / "other.json").write_text("{}")
+    git(repo, "add", "results/deepspeed/other.json", day="2026-11-26")
+    git(repo, "commit", "-q", "-m", "another set's runs", day="2026-11-26")
+    assert when.runs_day([record(commit=ran_at)], folder) == "2026-11-20 to 2026-11-22"
+
+
 def test_a_span_is_unknown_when_any_part_is() -> None:
     t = when.taken(Path("x.json"), "2026-11-24T10:00:00+00:00", {}, {})
     assert t[0] == t[1] and t[0].day == 24

@@ -102,7 +102,8 @@ def test_a_verdict_outside_the_vocabulary_is_refused() -> None:
 
 
 @pytest.mark.parametrize("low, high, verdict", [(1.1, 1.3, "holds"), (0.9, 1.2, "no difference"),
-                                                (0.6, 0.8, "does not hold"), (None, None, "not measured here")])
+                                                (0.6, 0.8, "does not hold"), (None, None, "not measured here"),
+                                                (1.0, 1.3, "no difference"), (0.8, 1.0, "no difference")])
 def test_a_speedup_is_judged_by_its_interval(low: float | None, high: float | None, verdict: str) -> None:
     assert claim_list.faster(low, high) == verdict
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from zenflow.harness.records import RunRecord
-from zenflow.reports.headline_figure import PAPER_ENGINES, describe, headline_figure, make_bar
+from zenflow.reports.headline_figure import PAPER_ENGINES, Bar, cut_long, describe, headline_figure, make_bar
 from zenflow.reports.intervals import NO_DIFFERENCE
 from zenflow.reports.scenario import engine_rows
 
@@ -133,3 +133,18 @@ def test_rows_without_a_measured_engine_are_refused_in_one_line_naming_them() ->
     with pytest.raises(ValueError, match=r"no engine with a measured step time among \['torchao-offload'\]") as info:
         describe(engine_rows(skipped), skipped, "t", "s")
     assert "\n" not in str(info.value)
+
+
+def test_a_bar_is_cut_only_when_far_longer_than_the_rest_of_its_panel():
+    """`cut_long`: the reach is the longest bar within CUT (2.5) × the median; a bar over CUT_AT (1.3) × the reach is
+    cut. 300 ms beside 240 is 3× the median of 100 but not far from the rest (≤ 1.3 × 240): nothing is cut; 400 ms
+    beside bars of at most 120 is (over 1.3 × 120), and only it."""
+    def bars(*totals):
+        return [Bar(f"e{i}", f"e{i}", [("compute", t)], t, "") for i, t in enumerate(totals)]
+
+    near = bars(100, 100, 100, 240, 300)
+    cut_long(near)
+    assert not any(b.cut for b in near)
+    far = bars(100, 100, 100, 120, 400)
+    cut_long(far)
+    assert [b.cut for b in far] == [False, False, False, False, True] and far[-1].label.startswith("bar cut")

@@ -14,7 +14,7 @@ from zenflow.harness.configs import GLUE_BLOCK
 from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import read_csv
 from zenflow.reports.intervals import Interval
-from zenflow.reports.knobs import auto_verdict, knobs_report
+from zenflow.reports.knobs import auto_verdict, knobs_report, setting_of, setting_rows, times_to_target
 
 BEST = Interval(0.80, 0.70, 0.90, 3)  # the best fixed setting: 0.80× ref-offload's time, [0.70–0.90]
 WORSE = Interval(1.10, 1.00, 1.20, 3)
@@ -99,3 +99,37 @@ def test_the_common_target_is_the_worst_final_result_and_every_setting_of_ours_r
     judged = common["workloads"]["glue"]["ref-zenflow U=auto S=32 k=0.1"]
     assert judged["verdict"] == "fails" and judged["best_fixed"] == "ref-zenflow U=4 S=32 k=0.1"
     assert "worst final result" in common["target"] and "At the common target" in (tmp_path / "knobs.md").read_text()
+
+
+def _llama(engine: str, seed: int, update_interval: int, loss: float, steps: int = 20) -> RunRecord:
+    """A Llama run of `steps` steps of 0.1 s at a constant loss (its smoothed loss is `loss` throughout)."""
+    block = {"topk_ratio": 0.0, "update_interval": 1} if engine == "ref-offload" else {
+        "topk_ratio": 0.1, "update_interval": update_interval, "select_interval": 64}
+    return RunRecord(engine=engine, label="llama7b", config={"zero_optimization": {"zenflow": block}},
+                     workload={"kind": "llama", "seed": seed}, summary={"cycle_mean_ms": 100.0},
+                     steps=[{"step": i, "kind": "update", "period_ms": 100.0, "loss": loss} for i in range(steps)])
+
+
+def test_llamas_common_target_is_the_highest_final_loss_of_ref_offload_and_ours():
+    """Audit 4 KN1: COMMON on a loss: per seed the highest final smoothed loss among ref-offload and every ref-zenflow
+    setting (the worst), which each of them reaches by its last step; DeepSpeed's runs have no say."""
+    records = [_llama("ref-offload", 0, 1, 2.0), _llama("ref-zenflow", 0, 4, 2.5), _llama("ref-zenflow", 0, 8, 1.5),
+               _llama("ds-zenflow", 0, 4, 9.0)]
+    times, facts = times_to_target(records, common=True)
+    assert facts["targets"] == {0: 2.5}
+    assert all(times[setting_of(r)][0] is not None for r in records[:3])  # each of them reaches it
+    assert times_to_target(records)[1]["targets"] == {0: 2.0}  # ref-offload's own final loss otherwise
+
+
+def test_a_setting_that_misses_the_target_with_any_seed_has_no_time_to_target():
+    """Audit 4 KN2: "A setting that misses the target with any seed gets no ratio", nor a time to target: not the
+    median over the seeds that reached."""
+    records = [_llama("ref-offload", s, 1, 2.0) for s in range(3)]
+    records += [_llama("ref-zenflow", s, 4, 1.0 if s < 2 else 3.0) for s in range(3)]  # seed 2 never gets to 2.0
+    records += [_llama("ref-zenflow", s, 8, 1.0) for s in range(3)]  # the control: every seed reaches
+    rows, _ = setting_rows(records, "llama")
+    by = {r["setting"]: r for r in rows}
+    missed, every = by["ref-zenflow U=4 S=64 k=0.1"], by["ref-zenflow U=8 S=64 k=0.1"]
+    assert (missed["reached"], missed["compared"]) == (2, 3)
+    assert missed["time_to_target_s"] is None and missed["relative_time"] is None
+    assert every["time_to_target_s"] is not None and every["reached"] == 3

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,41 @@ def test_coverage_check_rules():
     assert "the set has b 1.0" in gw.uncovered([dist("a", "b>=2"), dist("b")], "3.12", on_image=())[0]
     assert gw.uncovered([dist("mistral-common", "jsonschema")], "3.12", on_image=()) == []  # --no-deps: exempt
     assert gw.uncovered([dist("c", python=">=3.13")], "3.12", on_image=()) == ["c 1.0 requires Python >=3.13, not 3.12"]
+
+
+def fake_set(folder: Path, versions: dict[str, str], pad_bytes: int = 0) -> list[Path]:
+    """Wheels that hold only their METADATA (and DeepSpeed's list of prebuilt ops: none); the first padded with
+    `pad_bytes` stored bytes, to stand for a set of that size."""
+    folder.mkdir(parents=True, exist_ok=True)
+    wheels = []
+    for i, (name, version) in enumerate(versions.items()):
+        stem = f"{name.replace('-', '_')}-{version}"
+        wheel = folder / f"{stem}-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(f"{stem}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+            if name == "deepspeed":
+                zf.writestr("deepspeed/git_version_info_installed.py", "installed_ops={'cpu_adam': False}\n")
+            if i == 0 and pad_bytes:
+                zf.writestr("padding", b"\0" * pad_bytes, compress_type=zipfile.ZIP_STORED)
+        wheels.append(wheel)
+    return wheels
+
+
+def test_the_set_check_takes_exactly_the_tables_versions(tmp_path):
+    """Audit 4 GW2: `check_set`: "Exactly the table's versions" (the GPU host runs what the tests here ran): a wheel
+    of a package in PINS, in another version, is refused."""
+    assert [d.name for d in gw.check_set(fake_set(tmp_path / "ok", gw.PINS), "3.12")] == list(gw.PINS)  # control
+    other = fake_set(tmp_path / "other", {**gw.PINS, "deepspeed": "0.19.7"})
+    with pytest.raises(gw.SetError, match="deepspeed-0.19.7-py3-none-any.whl is not in the table"):
+        gw.check_set(other, "3.12")
+
+
+def test_the_set_check_refuses_a_set_over_16_mib(tmp_path):
+    """Audit 4 GW3: the module's promise, "the set fits the device tool's 16 MiB" (a file), is the check's limit."""
+    gw.check_set(fake_set(tmp_path / "under", gw.PINS, pad_bytes=15 * 2**20), "3.12")  # the control: it fits
+    over = fake_set(tmp_path / "over", gw.PINS, pad_bytes=16 * 2**20 + 1)
+    with pytest.raises(gw.SetError, match="over its 16 MiB limit"):
+        gw.check_set(over, "3.12")
 
 
 def test_bad_python_version_is_refused_before_anything(tmp_path):

@@ -109,12 +109,12 @@ def test_publish_gives_the_tables_and_refuses_a_cpu_set_in_results(rehearsal, tm
     png = (tmp_path / "gpu-check" / hw / "figure.png").read_bytes()
     assert int.from_bytes(png[16:20], "big") == 7 * 120  # no engine ran: the differential alone, no empty panel
     assert (tmp_path / "gpu-check" / hw / "window" / "phases.json").is_file()
-    # the claims page's GPU rows read such a set, and only a GPU's (a cpu-scale id is never one of them)
-    assert "no GPU set committed yet" in gpu_section(tmp_path)
+    # the claims page's GPU rows read such a set, and only a GPU's (a cpu-scale id is never one of them): the set
+    # named as a GPU set's first, so that only its cpu-scale hardware id keeps it out (audit 4, PB3)
+    (tmp_path / "llama7b" / hw / "smoke").rename(tmp_path / "llama7b" / hw / "llama2-7b-4L")
+    assert hw.startswith("cpu-scale") and "no GPU set committed yet" in gpu_section(tmp_path)
     for kind in ("llama7b", "gpu-check"):
         (tmp_path / kind / hw).rename(tmp_path / kind / "nvidia-test-gpu")
-    gpu = tmp_path / "llama7b" / "nvidia-test-gpu"
-    (gpu / "smoke").rename(gpu / "llama2-7b-4L")
     section = gpu_section(tmp_path)
     (row,) = [line for line in section.splitlines() if line.startswith("| [nvidia-test-gpu")]
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -188,6 +188,30 @@ def processes_with(arg: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_the_scenario_phase_watches_its_folder_and_ends_its_runs_before_the_window(tmp_path, monkeypatch):
+    """Audit 4 WN1, WN2, without a rehearsal: the scenario phase runs with `watch` on its folder, so that every run
+    record that appears packs the archive at once (window.py's point 4: a SIGKILL mid-scenario keeps every run that
+    ended), and its runs' deadline leaves SCENARIO_RESERVE_S of the window for the scenario's table and figure."""
+    calls = []
+
+    def run(w, cmd, timeout_s, env=None, watch=None, preexec=None):
+        calls.append({"cmd": cmd, "timeout_s": timeout_s, "watch": watch})
+        return 0
+
+    monkeypatch.setattr(gpu_window.Window, "run", run)
+    monkeypatch.setattr(gpu_window, "install_wheels", lambda w: None)
+    monkeypatch.setattr(gpu_window, "facts", lambda w, env: "cpu-scale-test")
+    monkeypatch.setattr(gpu_window, "probe", lambda env, imports=None: "no DeepSpeed here")  # no op build
+    monkeypatch.setattr(gpu_window, "git_commit", lambda: None)
+    args = gpu_window.parse_args(["--rehearsal", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+                                  "--budget-s", "300"])
+    assert gpu_window.window(args) == 0
+    (scenario,) = [c for c in calls if Path(c["cmd"][1]).name == "llama7b.py"]
+    assert scenario["watch"] == tmp_path / "work" / "smoke"
+    deadline_s = float(scenario["cmd"][scenario["cmd"].index("--deadline-s") + 1])
+    assert deadline_s <= scenario["timeout_s"] - gpu_window.SCENARIO_RESERVE_S + 1  # +1: the flag is rounded
 
 
 def test_bad_arguments_are_refused_in_one_line_before_anything_runs(tmp_path):

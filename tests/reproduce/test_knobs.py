@@ -125,6 +125,40 @@ def test_the_study_fits_its_budget_from_the_committed_records(tmp_path):
     assert kept == [s.name for s in knobs.SETTINGS[:knobs.ESSENTIAL + 1]]
 
 
+def test_the_settings_kept_are_a_prefix_of_the_priority_order(tmp_path, monkeypatch):
+    """Audit 4 KN4: settings are dropped from the end of SETTINGS: once one does not fit, no later one is kept, even
+    a cheaper one that would (here ds-zenflow's 100 s runs do not fit, ref-zenflow's 1 s runs after it would)."""
+    monkeypatch.setattr(knobs, "run_seconds", lambda workload, hw: ({"ref-offload": 1.0, "ref-zenflow": 1.0,
+                                                                      "ds-zenflow": 100.0}, "made up"))
+    args = knobs.parse_args(["--workloads", "llama", "--budget-min", "1", "--out", str(tmp_path)])
+    runs = knobs.plan("llama", args)
+    args.budget_min = 16 / 60  # 3 seeds: the four settings before ds-update-interval-auto take 12 s, one more 15 s
+    kept = list(dict.fromkeys(s.name for s, _ in knobs.fit("llama", runs, tmp_path / "llama", args, "x")))
+    names = [s.name for s in knobs.SETTINGS]
+    assert names[len(kept)] == "ds-update-interval-auto"
+    assert kept == names[:len(kept)] == ["ref-offload", "update-interval-4", "update-interval-auto",
+                                         "select-interval-auto"]
+
+
+def test_a_record_of_another_setting_under_the_runs_name_is_not_this_runs_record(tmp_path):
+    """Audit 4 KN5: `recorded` is "a record of this very run (same engine, config asked for and workload)": a record
+    named like the run but asked with another config does not let a resume skip the run."""
+    args = knobs.parse_args(["--workloads", "llama", "--budget-min", "1", "--out", str(tmp_path)])
+    first = {}
+    for s, r in knobs.plan("llama", args):
+        first.setdefault(s.name, r)  # each setting's run of the first seed
+    run, other = first["update-interval-4"], first["update-interval-2"]
+    assert run.spec.ds_config != other.spec.ds_config and run.spec.workload == other.spec.workload
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    RunRecord(engine=other.spec.engine, status="ok", config=other.spec.ds_config,
+              workload=other.spec.workload).write(folder / run.name)
+    assert not knobs.recorded(folder, run, failed_too=True)
+    RunRecord(engine=run.spec.engine, status="ok", config=run.spec.ds_config,
+              workload=run.spec.workload).write(folder / run.name)
+    assert knobs.recorded(folder, run, failed_too=False)  # the control: its own record is recognised
+
+
 @pytest.mark.slow
 def test_smoke_study_writes_table_figures_and_verdict_and_records_what_auto_chose(tmp_path):
     """The tiny study (< 60 s on a quiet 2-core machine): three runs through the run loop, the report's files; the

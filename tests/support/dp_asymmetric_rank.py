@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+import dp_rank
 import torch
 import torch.distributed as dist
 
@@ -96,7 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=dp_rank.COLLECTIVE_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     config = json.loads(args.config)
     if args.scenario == "broadcast":

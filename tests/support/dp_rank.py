@@ -22,6 +22,10 @@ import torch.distributed as dist
 from zenflow import ZenFlowAdamW
 
 GLOBAL_BATCH = 8
+# gloo's wait in a collective before it fails the rank: a normal collective of these tiny models takes well under
+# a second even on a loaded 2-core VM; a bug that sends the ranks down different paths (one waits in a collective
+# the other never makes) fails the test in this long instead of gloo's 60 s (audit 4, FS4: 93 s to fail)
+COLLECTIVE_TIMEOUT_S = 20
 # The ZenFlow settings the two-rank tests share (tests/core/test_distributed.py, test_fsdp.py): reselection and
 # clipping in sync mode; warm-up, reselection and clipping with overlap.
 SYNC = {"lr": 0.01, "gradient_clipping": 1.0,
@@ -63,7 +67,7 @@ def main() -> None:
     ap.add_argument("--save-at", type=int, default=None, help="also save the optimizer state after this many steps")
     ap.add_argument("--resume-from", type=Path, default=None, help="load params and state saved by --save-at first")
     ap.add_argument("--die-at", type=int, default=None, help="rank 1 exits (as a crash would) before this step")
-    ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--timeout", type=float, default=COLLECTIVE_TIMEOUT_S)
     ap.add_argument("--ddp", action="store_true", help="wrap the model in DistributedDataParallel (handled: tested)")
     args = ap.parse_args()
     torch.set_num_threads(1)

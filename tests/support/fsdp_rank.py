@@ -73,7 +73,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=dp_rank.COLLECTIVE_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.skip_norm_all_reduce:
         skip_the_norm_all_reduce()

@@ -35,8 +35,8 @@ PAPER_ENGINES = ("ds-zero-offload", "ds-zenflow", "ds-zenflow-intended", "ref-of
 WIDTH_IN = 9.2  # 1196 px at FIGURE_DPI 130: the whole figure fits a 1200 px page unscaled
 FONT = 9  # pt, the smallest text drawn
 BAR_IN, PANEL_IN = 0.34, 0.85  # inches per bar, and per panel for its title, ticks and axis label
-CUT = 2.5  # a bar longer than CUT × its panel's median bar is cut at the axis (drawn to CUT_AT × the longest other)
-CUT_AT = 1.3
+CUT = 2.5  # the panel's reach: its longest bar within CUT × its median bar; a bar longer than CUT_AT × that reach
+CUT_AT = 1.3  # is cut at the axis (drawn to CUT_AT × the longest bar not cut)
 CAPTION_CHARS, TITLE_CHARS = 135, 100  # characters per line across WIDTH_IN: the caption's at FONT pt, the title's
 # How a CUDA-only engine's skip reason ends (engines/peers.py, engines/optimizer_peers.py: `unavailable`).
 CPU_DEVICE = "this run's device is the CPU"
@@ -145,7 +145,8 @@ def tick(engine: str, paper: bool) -> str:
 
 
 def cut_long(bars: list[Bar]) -> None:
-    """Mark the bars far longer than their panel's median (CUT ×) as cut: drawn to CUT_AT × the longest other one."""
+    """Mark as cut the bars longer than CUT_AT × the panel's reach, the longest bar within CUT × the median: a bar far
+    longer than the rest of its panel, not merely longer than CUT × its median."""
     if len(bars) < 3:  # no median to be far from
         return
     median = statistics.median(b.total for b in bars)

@@ -119,6 +119,23 @@ def test_applied_twice_the_repair_wraps_deepspeed_once(patched):
     assert cls._update_model_bit16_weights is shipped
 
 
+def test_a_block_keeps_a_repair_made_before_it(patched):
+    """Audit 4 DS2: `intended_weight_view` undoes only its own repair: an inner block, or a block after an engine's
+    repair ("for the rest of this process"), leaves the repair made before it in place."""
+    cls = patched(Release0198)
+    with dd.intended_weight_view():
+        with dd.intended_weight_view():
+            pass
+        assert hasattr(cls._update_model_bit16_weights, "shipped")  # the outer block's repair outlives the inner
+        assert cls(weights()).restored_weight_views == 2
+    assert not hasattr(cls._update_model_bit16_weights, "shipped")  # the outer block's end undoes it
+    dd.repair_zenflow_weight_view()  # as the engine ds-zenflow-intended does
+    with dd.intended_weight_view():
+        pass
+    assert hasattr(cls._update_model_bit16_weights, "shipped")
+    dd.undo_zenflow_weight_view_repair()
+
+
 def test_a_row_major_flat_buffer_is_read_right_and_left_alone(patched):
     """A DeepSpeed that fixed the flatten instead of the view (row-major flat, row-major view) needs no repair."""
     assert dd.flatten_transposes(zenflow_flatten) and not dd.flatten_transposes(row_major_flatten)
