@@ -24,7 +24,7 @@ def scenario_folder(root):
 def published(tmp_path, monkeypatch):
     made = []
     monkeypatch.setattr(publish, "scenario_report", lambda records, dest, labels: made.extend(records))
-    line = publish._scenario(scenario_folder(tmp_path), tmp_path / "dest")  # noqa: SLF001
+    line = publish._scenario(scenario_folder(tmp_path), tmp_path / "dest", {})  # noqa: SLF001
     files = {p.name: RunRecord.read(p) for p in (tmp_path / "dest").glob("*.json")}
     return line, files, made
 

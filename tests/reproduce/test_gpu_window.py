@@ -201,7 +201,7 @@ def test_the_scenario_phase_watches_its_folder_and_ends_its_runs_before_the_wind
         return 0
 
     monkeypatch.setattr(gpu_window.Window, "run", run)
-    monkeypatch.setattr(gpu_window, "install_wheels", lambda w: None)
+    monkeypatch.setattr(gpu_window, "install_wheels", lambda w: (None, False))
     monkeypatch.setattr(gpu_window, "facts", lambda w, env: "cpu-scale-test")
     monkeypatch.setattr(gpu_window, "probe", lambda env, imports=None: "no DeepSpeed here")  # no op build
     monkeypatch.setattr(gpu_window, "git_commit", lambda: None)
