@@ -15,7 +15,7 @@ import pytest
 from zenflow.harness import memory_plan as mp
 from zenflow.harness import plans
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, SHAPES
-from zenflow.harness.deadline import RUN_FLOOR_S, RUN_SLACK, Deadline
+from zenflow.harness.deadline import OUT_OF_TIME, RUN_FLOOR_S, RUN_SLACK, Deadline
 from zenflow.harness.records import RunRecord, read_records
 from zenflow.harness.session import RunSpec
 from zenflow.harness.window import Window, memory_now
@@ -126,6 +126,11 @@ def test_a_stuck_run_under_a_deadline_is_stopped_and_the_next_run_starts(tmp_pat
     assert records["ds-zenflow"].error.startswith("timeout after 60 s") and records["no-offload"].status == "ok"
     plans.execute(tmp_path / "unlimited", plan, "cmd", lambda records, out: None)  # the control: no deadline
     assert limits["ds-zenflow"] == 3600
+    # the deadline's limit, not the run's own: cut for time, an out-of-time skip like a run not started, and the
+    # plan is complete (the window's scenario phase is not a failure)
+    assert plans.execute(tmp_path / "cut", plan[:1], "cmd", lambda records, out: None, until=time.time() + 30) == 0
+    (cut,) = read_records(tmp_path / "cut")
+    assert cut.status == "skipped" and cut.error.startswith(f"{OUT_OF_TIME}: stopped at the deadline after 30 s")
 
 
 def test_the_window_runs_no_offload_before_deepspeeds_zenflow():

@@ -5,7 +5,9 @@ is lost whole and leaves nothing that says why; a run not started leaves a `skip
 and the table a row that says so, and `--resume` with more time runs it later (a skipped record is not kept).
 
 A run that started is stopped at `run_limit` (three times its expected time, at least a minute, never past the
-deadline): it gets a "failed: timeout" record and the next run starts, so one stuck run costs its own time only.
+deadline): stopped at its own limit it is stuck, and gets a "failed: timeout" record; stopped at the deadline it was
+cut for time, and gets an "out of time" skip like a run not started. Either way the next run starts, so one stuck
+run costs its own time only.
 
 The estimate of each run is the memory plan's rough one (memory_plan.Need.run_s), corrected by the runs already done
 in this plan: every estimate is scaled by (measured seconds) / (estimated seconds) of the runs so far, so a host
@@ -58,10 +60,21 @@ class Deadline:
                if name in self.estimates else "the mean of the runs done")
         return f"{OUT_OF_TIME}: needs ~{need:.0f} s ({how}), {max(left, 0):.0f} s left before the deadline"
 
+    def own_limit(self, name: str) -> float:
+        """The seconds run `name` may take on its own account: RUN_SLACK times its expected time, at least
+        RUN_FLOOR_S (beyond that it is stuck)."""
+        return max(RUN_FLOOR_S, RUN_SLACK * self.expected(name))
+
     def run_limit(self, name: str) -> float:
-        """The seconds run `name` may take once started: RUN_SLACK times its expected time, at least RUN_FLOOR_S,
-        and never past the deadline."""
-        return max(0.0, min(max(RUN_FLOOR_S, RUN_SLACK * self.expected(name)), self.left()))
+        """The seconds run `name` may take once started: its own limit, and never past the deadline."""
+        return max(0.0, min(self.own_limit(name), self.left()))
+
+    def stopped(self, name: str, limit: float) -> str | None:
+        """The error of a run stopped at `limit` seconds when that was the deadline's, not its own (a run cut for
+        time, as one not started: out of time); None when it was its own limit (a stuck run: a failure)."""
+        if limit >= self.own_limit(name):
+            return None
+        return (f"{OUT_OF_TIME}: stopped at the deadline after {limit:.0f} s (expected ~{self.expected(name):.0f} s)")
 
     def observe(self, name: str, seconds: float) -> None:
         """A run that ran (not one skipped) took `seconds` in all: it corrects the estimates of the rest."""

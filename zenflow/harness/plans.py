@@ -91,8 +91,12 @@ def _run_one(staged: StagedPlan, run: PlannedRun, i: int, n: int, resume: bool,
         failed_record(run.spec, skip, status="skipped").write(staged.path(run.name))
         record = RunRecord.read(staged.path(run.name))
     else:
-        limit = {"timeout_s": deadline.run_limit(run.name)} if deadline else {}  # a stuck run costs its own time
-        record = run_in_subprocess(run.spec, staged.path(run.name), **limit)  # no DeepSpeed: a "skipped" record
+        limit = deadline.run_limit(run.name) if deadline else None  # a stuck run costs its own time only
+        record = run_in_subprocess(run.spec, staged.path(run.name), **({"timeout_s": limit} if deadline else {}))
+        cut = deadline.stopped(run.name, limit) if deadline and _timed_out(record) else None
+        if cut:  # stopped by the deadline, not stuck: out of time, as a run not started
+            failed_record(run.spec, cut, status="skipped").write(staged.path(run.name))
+            record = RunRecord.read(staged.path(run.name))
     lines = (record.error or "").splitlines()
     found = next((line for line in lines if line.startswith(bad_input)), None) if bad_input else None
     if record.status != "ok" and found:
@@ -107,6 +111,11 @@ def _run_one(staged: StagedPlan, run: PlannedRun, i: int, n: int, resume: bool,
     staged.done(run.name, record)
     print(f"  {_outcome(record)} ({record.metrics['wall_seconds']:.0f} s)", file=sys.stderr, flush=True)
     return record
+
+
+def _timed_out(record: RunRecord) -> bool:
+    """Whether run_in_subprocess stopped the run at its time limit."""
+    return record.status == "failed" and (record.error or "").startswith("timeout after")
 
 
 def _outcome(record: RunRecord) -> str:
