@@ -33,6 +33,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a bare script with the host's python
 
@@ -286,7 +287,8 @@ def window(args: argparse.Namespace) -> int:
         began = time.monotonic()
         code = w.run(scenario_cmd(args, scenario, engines, w.left() - SCENARIO_RESERVE_S), w.left(), env,
                      watch=scenario)
-        w.record("scenario", time.monotonic() - began, outcome(code), exit=code, engines=engines)
+        w.record("scenario", time.monotonic() - began, outcome(code), exit=code, engines=engines,
+                 **fixed_seconds(scenario))
     except (WindowClosed, KeyboardInterrupt) as exc:  # SIGTERM (the device's limit), Ctrl-C
         status = f"stopped ({exc or 'Ctrl-C'})"
         return_code = 143 if isinstance(exc, WindowClosed) else 130
@@ -299,6 +301,22 @@ def window(args: argparse.Namespace) -> int:
     print(f"evidence: {args.out / 'gpu-evidence.tar.gz'} (+ run.log); publish it here with: python "
           f"reproduce/gpu_window.py --publish gpu-evidence.tar.gz", flush=True)
     return return_code
+
+
+def fixed_seconds(scenario: Path) -> dict[str, Any]:
+    """What the scenario's run children cost besides their steps (process start, imports, model build, set-up:
+    records' `fixed_seconds`), per run and in all: the time a window spends on anything but training."""
+    from zenflow.harness.records import RecordError, RunRecord
+
+    found = {}
+    for folder in (scenario, scenario / ".partial"):  # a staged record is the newer one of its name
+        for path in sorted(folder.glob("*.json")):
+            try:
+                found[path.name] = RunRecord.read(path).metrics.get("fixed_seconds")
+            except RecordError:
+                continue
+    fixed = {name.removesuffix(".json"): round(s, 1) for name, s in found.items() if isinstance(s, (int, float))}
+    return {"fixed_s_per_run": fixed, "fixed_s": round(sum(fixed.values()), 1)} if fixed else {}
 
 
 def outcome(code: int, ok: tuple[int, ...] = (0,)) -> str:

@@ -483,3 +483,24 @@ def test_sharded_states_dtensors_are_made_on_a_cpu_mesh_over_the_same_ranks(monk
     assert groups == [((0, 1), "gloo")]  # one gloo group, made once for these ranks
     plain_cpu = SimpleNamespace(device_type="cpu")
     assert sc.host_mesh(plain_cpu) is plain_cpu  # FSDP2 on the CPU (gloo): its own mesh, no new group
+
+
+# ---- the time a window spends on anything but training (issue 43 item 3) ---------------------------------------------
+
+def test_the_scenario_phase_says_its_run_childrens_fixed_seconds_and_the_window_each_phases(tmp_path):
+    scenario = tmp_path / "smoke"
+    (scenario / ".partial").mkdir(parents=True)
+    RunRecord(engine="ref-zenflow", metrics={"fixed_seconds": 4.04}).write(scenario / "ref-zenflow-r0.json")
+    RunRecord(engine="ref-offload", metrics={"fixed_seconds": 9.0}).write(scenario / "ref-offload-r0.json")
+    RunRecord(engine="ref-offload", metrics={"fixed_seconds": 3.0}).write(scenario / ".partial" / "ref-offload-r0.json")
+    RunRecord(engine="ds-zenflow", status="skipped").write(scenario / ".partial" / "ds-zenflow-r0.json")
+    assert gpu_window.fixed_seconds(scenario) == {"fixed_s_per_run": {"ref-offload-r0": 3.0, "ref-zenflow-r0": 4.0},
+                                                  "fixed_s": 7.0}  # the staged record is the newer one
+    assert gpu_window.fixed_seconds(tmp_path / "none") == {}
+    w = Window(tmp_path / "work", tmp_path / "out", 60, {"commit": None})
+    try:
+        w.record("facts", 2.96, "ok")
+        w.record("op-build", 95.0, "cut")
+        assert w.seconds_by_phase() == "facts 3 s, op-build 95 s (cut)"
+    finally:
+        w.close("ok")

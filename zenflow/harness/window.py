@@ -88,6 +88,11 @@ class Window:
         os.replace(tmp, self.work / PHASES)
         self.pack()
 
+    def seconds_by_phase(self) -> str:
+        """Each phase's seconds and status in one line (phases.json has them too)."""
+        return ", ".join(f"{p['phase']} {p['seconds']:.0f} s" + ("" if p["status"] == "ok" else f" ({p['status']})")
+                         for p in self.phases) or "no phase ended"
+
     def pack(self) -> None:
         """The archive and a copy of the log into `out` (2 of the 8 files that may come back)."""
         done = [p["phase"] for p in self.phases if p["status"] == "ok"]
@@ -171,7 +176,7 @@ class Window:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the last pack short
         try:
             self.stop_child()
-            self.say(f"window closed: {status} after {self.elapsed():.0f} s")
+            self.say(f"window closed: {status} after {self.elapsed():.0f} s; " + self.seconds_by_phase())
             self.record("end", 0.0, status)
         finally:
             self.log.close()
