@@ -504,3 +504,40 @@ def test_the_scenario_phase_says_its_run_childrens_fixed_seconds_and_the_window_
         assert w.seconds_by_phase() == "facts 3 s, op-build 95 s (cut)"
     finally:
         w.close("ok")
+
+
+def test_a_memory_run_or_a_pcie_window_that_raises_costs_its_own_verdict(monkeypatch):
+    """gpu-audit-4 F3 for the other two checks: the control's run raising keeps the two peaks and fails the check by
+    name; a PCIe window that raises is a failed window with its reason (each window its own), and the table still
+    renders."""
+    import torch
+
+    from zenflow.harness.checks import gpu as gc
+    from zenflow.harness.checks import memory, pcie
+
+    def peak(block, widths, steps, backpressure=True):
+        if not backpressure:
+            raise RuntimeError("CUDA error: out of memory")
+        return 100 * 2**20 if block["overlap_step"] else 90 * 2**20
+
+    monkeypatch.setattr(memory, "window_peak", peak)
+    m = memory.memory_check(True, widths=(64,) * 3, steps=4)
+    assert m["status"] == "fail" and m["sync_peak_bytes"] == 90 * 2**20 and m["extra_bytes"] == 10 * 2**20
+    assert m["reason"].endswith("negative control overlap without backpressure: raised RuntimeError: CUDA error: "
+                                "out of memory") and m["controls"][0]["outcome"] == "not run"
+
+    first, second = pcie.WINDOWS
+    monkeypatch.setattr(pcie, "torch_pci_bus_ids", lambda: ["0000:01:00.0"])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(pcie, "link_overhead", lambda bus: {"d2h": {}, "h2d": {}})
+
+    def measure(spec, bus, widths, steps):
+        raise RuntimeError("NVML read failed mid-window")
+
+    monkeypatch.setattr(pcie, "measure_window", measure)
+    p = pcie.pcie_check(True, widths=(64,), steps=2)
+    assert set(p["windows"]) == {first, second} and p["status"] == "fail"
+    assert p["windows"][first]["reason"] == "raised RuntimeError: NVML read failed mid-window"
+    assert p["windows"][second]["reason"] == p["windows"][first]["reason"]  # each window measured on its own
+    table = "\n".join(gc._pcie_section(p))
+    assert first in table and second in table

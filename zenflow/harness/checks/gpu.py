@@ -220,6 +220,9 @@ def _pcie_section(p: dict[str, Any]) -> list[str]:
     windows = p.get("windows") or {"ref-offload": p}  # before gpu-check/2: one ref-offload window, at the top
     rows, wrapped = [], []
     for name, w in windows.items():
+        if "directions" not in w:  # its measurement raised (pcie_check): the reason is in the checks' table
+            rows.append([name, "—", "—", "—", "—", "—", "—", "—", w["status"]])
+            continue
         seen = any(r["nvml"] is not None for r in w["directions"].values())
         mark = "†" if seen and w.get("wrap_ambiguous") is not False else ""
         if mark:

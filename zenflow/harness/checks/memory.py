@@ -17,6 +17,7 @@ with backpressure disabled: blocks of up to 2U-1 steps are then in flight, and i
 from __future__ import annotations
 
 import contextlib
+import traceback
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -111,22 +112,36 @@ def memory_check(cuda: bool, widths: tuple[int, ...] = (4096,) * 5, steps: int =
     if not cuda:
         return check("memory", "not checked", "no CUDA: device memory exists only on a GPU",
                      controls=[control("overlap without backpressure", None, "needs CUDA")])
-    sync = window_peak({**MEMORY_CASE, "overlap_step": False}, widths, steps)
-    overlap = window_peak({**MEMORY_CASE, "overlap_step": True}, widths, steps)
-    unbounded = window_peak({**MEMORY_CASE, "overlap_step": True}, widths, steps, backpressure=False)
+    details = dict(widths=list(widths), steps=steps, slow_d2h_cycles=SLOW_D2H_CYCLES, metric="active_bytes.all.peak")
+    try:  # the two runs the verdict compares: without either there is none
+        sync = window_peak({**MEMORY_CASE, "overlap_step": False}, widths, steps)
+        overlap = window_peak({**MEMORY_CASE, "overlap_step": True}, widths, steps)
+    except Exception as exc:
+        return check("memory", "fail", f"raised {type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
+                     **details)
+    try:  # the control's run raising costs the control, not the two peaks (gpu-audit-4 F3)
+        unbounded: int | str = window_peak({**MEMORY_CASE, "overlap_step": True}, widths, steps, backpressure=False)
+    except Exception as exc:
+        unbounded = f"raised {type(exc).__name__}: {exc}"
     one_set = unselected_bound_bytes(SmallNet(widths, seed=0), MEMORY_CASE["topk_ratio"])
-    return memory_verdict(sync, overlap, SETS_IN_BOUND * one_set, unbounded, widths=list(widths), steps=steps,
-                          set_bytes=one_set, slow_d2h_cycles=SLOW_D2H_CYCLES, metric="active_bytes.all.peak")
+    return memory_verdict(sync, overlap, SETS_IN_BOUND * one_set, unbounded, set_bytes=one_set, **details)
 
 
-def memory_verdict(sync: int, overlap: int, bound: int, unbounded: int, **details: Any) -> dict[str, Any]:
+def memory_verdict(sync: int, overlap: int, bound: int, unbounded: int | str, **details: Any) -> dict[str, Any]:
     """Pass when overlap's peak is at most `bound` bytes above sync's and the run without backpressure (the negative
-    control) is above it: a measurement that cannot see the unbounded run cannot vouch for the bounded one."""
-    extra, control_extra = overlap - sync, unbounded - sync
-    controls = [control("overlap without backpressure", control_extra > bound,
-                        f"{control_extra / 2**20:.1f} MiB above sync, bound {bound / 2**20:.1f} MiB")]
+    control) is above it: a measurement that cannot see the unbounded run cannot vouch for the bounded one.
+    `unbounded`: the control's peak, or why it has none (its run raised: a problem too)."""
+    extra = overlap - sync
     problems = [] if extra <= bound else [
         f"overlap used {extra / 2**20:.1f} MiB more than sync, bound {bound / 2**20:.1f} MiB"]
+    if isinstance(unbounded, str):
+        controls = [control("overlap without backpressure", None, unbounded)]
+        problems.append(f"negative control overlap without backpressure: {unbounded}")
+        return check("memory", "fail", "; ".join(problems), sync_peak_bytes=sync, overlap_peak_bytes=overlap,
+                     extra_bytes=extra, bound_bytes=bound, controls=controls, **details)
+    control_extra = unbounded - sync
+    controls = [control("overlap without backpressure", control_extra > bound,
+                        f"{control_extra / 2**20:.1f} MiB above sync, bound {bound / 2**20:.1f} MiB")]
     problems += [f"negative control passed: {name} stayed within the bound, so this measurement cannot see blocks in "
                  "flight" for name in blind_spots(controls)]
     return check("memory", "fail" if problems else "pass", "; ".join(problems) or None, sync_peak_bytes=sync,
