@@ -111,8 +111,10 @@ def child_env(site: Path | None) -> dict[str, str]:
     hub, DeepSpeed's op cache in the checkout."""
     path = [str(site)] if site else []
     path += [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # this interpreter's folder first: its `ninja` (DeepSpeed's op build) even when python3 was called by its path
+    tools = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
-            "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir())}
+            "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir()), "PATH": tools}
 
 
 def probe(env: dict[str, str], imports: str = PROBE) -> str | None:

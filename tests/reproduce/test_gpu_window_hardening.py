@@ -541,3 +541,13 @@ def test_a_memory_run_or_a_pcie_window_that_raises_costs_its_own_verdict(monkeyp
     assert p["windows"][second]["reason"] == p["windows"][first]["reason"]  # each window measured on its own
     table = "\n".join(gc._pcie_section(p))
     assert first in table and second in table
+
+
+def test_the_childrens_path_starts_with_this_interpreters_folder(monkeypatch):
+    """gpu-audit-4 F10: `ninja` of the interpreter's environment is found by DeepSpeed's op build even when python3
+    was called by its absolute path, with that folder nowhere on PATH."""
+    import os
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    path = gpu_window.child_env(None)["PATH"].split(os.pathsep)
+    assert path[0] == os.path.dirname(sys.executable) and path[1:] == ["/usr/bin", "/bin"]
