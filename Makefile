@@ -33,7 +33,7 @@ endif
 
 test: install
 	$(PY) -m ruff check zenflow tests bench reproduce examples
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=25  # the slowest tests, for whoever makes the suite faster
 	ZENFLOW_BENCH_SMALL=1 $(PY) -m pytest bench/ -q --benchmark-disable  # smoke: the benchmarks cannot rot
 
 lint: install
