@@ -167,6 +167,12 @@ class Link:
             with self.observers.blocking("copy_d2h"):
                 event.synchronize()
 
+    def synchronize(self) -> None:
+        """Every copy on this link's streams has landed (CUDA: the whole device; a no-op on the CPU device, whose
+        copies are done when they return)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
 
 def _timing_event(stream: torch.cuda.Stream) -> torch.cuda.Event:
     """A timing event recorded on `stream` now (the timeline reads it once the step's events completed)."""

@@ -311,8 +311,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
             self.drain()
         self.pending = None  # a later step starts a new worker (a Trainer that trains again after train end)
         self.worker.close()
-        if self.link.cuda:  # every copy into or out of the staging has landed: then it may be unpinned
-            torch.cuda.synchronize(self.link.device)
+        self.link.synchronize()  # every copy into or out of the staging has landed: then it may be unpinned
         self._upload_events = []
         self.arena.unpin()
 

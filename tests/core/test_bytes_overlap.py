@@ -76,7 +76,7 @@ def link_says_cuda(monkeypatch):
 
     monkeypatch.setattr(Link, "__init__", init)
     for name in ("host_empty", "compute_event", "to_host", "to_device", "gather_to_host", "scatter_to_device",
-                 "wait"):
+                 "wait", "synchronize"):
         real = getattr(Link, name)
         monkeypatch.setattr(Link, name, lambda self, *a, _real=real, **k: _real(self.cpu_link, *a, **k))
     real_carve = StagingArena.carve
@@ -89,6 +89,7 @@ def link_says_cuda(monkeypatch):
             self.link = link
 
     monkeypatch.setattr(StagingArena, "carve", carve)
+    monkeypatch.setattr(StagingArena, "pin", lambda self: None)  # nothing to page-lock without CUDA
 
 
 def test_cpu_twin_with_a_link_that_says_cuda_counts_each_steps_gradient_once(link_says_cuda):
