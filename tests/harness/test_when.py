@@ -107,3 +107,28 @@ def test_every_new_run_record_says_when_it_was_taken(run_spec, tiny_workload) ->
     stamp = datetime.fromisoformat(record.protocol["taken_at"])
     assert record.status == "ok" and before - timedelta(seconds=1) <= stamp <= datetime.now(timezone.utc)
     assert when.runs_day([record], Path("/")) == f"{stamp:%Y-%m-%d}"
+
+
+def test_a_record_rewritten_later_keeps_the_day_its_run_was_committed(repo: Path) -> None:
+    """Packing a record's steps (records.py) rewrites its file in a later commit: git alone would date the run by
+    that commit. stamp_committed writes the day of the last commit before the rewrite into the record, and that
+    day dates it (the control: without the stamp, the rewrite's day)."""
+    import json
+
+    from zenflow.harness.records import packed
+
+    ran_at = git(repo, "rev-parse", "HEAD", day="2026-11-20")
+    (repo / "results").mkdir()
+    r = record(commit=ran_at)
+    r.steps = [{"step": i, "kind": "update", "period_ms": 1.0} for i in range(4)]
+    r.write(repo / "results" / "run.json")
+    git(repo, "add", "results/run.json", day="2026-11-22")
+    git(repo, "commit", "-q", "-m", "runs", day="2026-11-22")
+    (repo / "results" / "run.json").write_text(json.dumps(packed(r.to_dict() | {"steps": r.steps * 20}), indent=1))
+    git(repo, "commit", "-qam", "records packed", day="2026-11-29")
+    rewrite = git(repo, "rev-parse", "HEAD", day="2026-11-29")
+    assert when.runs_day([r], repo / "results") == "2026-11-20 to 2026-11-29"  # the control: the rewrite's day
+    assert when.stamp_committed(repo / "results", rewrite) == [repo / "results" / "run.json"]
+    assert when.stamp_committed(repo / "results", rewrite) == []  # once
+    assert RunRecord.read(repo / "results" / "run.json").protocol[when.RECORD_COMMITTED].startswith("2026-11-22")
+    assert when.runs_day([r], repo / "results") == "2026-11-20 to 2026-11-22"

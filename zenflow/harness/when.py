@@ -3,22 +3,30 @@ validation age).
 
 A run record written since issue 34 carries the UTC time its run started (`protocol.taken_at`, written by the
 session). Older records carry only the commit they ran at: such a run is no earlier than that commit's day and no later
-than the day git committed its record, so git dates it (issue 26). Days are UTC days.
+than the day git committed its record, so git dates it (issue 26). A record whose file a later commit only rewrote
+(its steps packed: records.py) keeps that day in `protocol.record_committed_at`, read before git's. Days are UTC days.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
+import json
 import subprocess
+import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from zenflow.harness.records import RunRecord
+from zenflow.harness.tables import write_json_atomic
 
 Span = tuple[datetime | None, datetime | None]  # taken no earlier than the first, no later than the second
 UNKNOWN = "day unknown"
+# When git first had the run of a record whose file a later commit only rewrote (packing its steps): that commit's
+# time would date the run, so the record says when its run was committed (`python -m zenflow.harness.when`)
+RECORD_COMMITTED = "record_committed_at"
 
 
 def utc_now() -> str:
@@ -34,13 +42,48 @@ def _git(folder: Path, *args: str) -> str:
 
 
 def committed(folder: Path) -> dict[str, datetime]:
-    """File name -> when its content was committed (the last commit that touched it), for the files of `folder`."""
+    """File name -> when its content was committed (the last commit that touched it), for the files of `folder`;
+    for a run record that says when its run was committed (RECORD_COMMITTED), that."""
     out: dict[str, datetime] = {}
     for chunk in _git(folder, "log", "--format=%x00%cI", "--name-only", "--relative", "--", ".").split("\0")[1:]:
         date, *names = chunk.split("\n")
         for name in filter(None, names):
             out.setdefault(name, datetime.fromisoformat(date))
+    for name in [n for n in out if "/" not in n and n.endswith(".json")]:
+        said = _record_committed(folder / name)
+        if said:
+            out[name] = said
     return out
+
+
+def _record_committed(path: Path) -> datetime | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    said = (data.get("protocol") or {}).get(RECORD_COMMITTED) if isinstance(data, dict) else None
+    return datetime.fromisoformat(said) if isinstance(said, str) else None
+
+
+def stamp_committed(root: Path, before: str) -> list[Path]:
+    """Write RECORD_COMMITTED into every run record under `root` that has neither it nor `taken_at`: the time of
+    the last commit before `before` that touched its file (the commit that only rewrote it excluded)."""
+    done = []
+    for path in sorted(root.rglob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or "engine" not in data or not isinstance(data.get("protocol"), dict):
+            continue
+        if data["protocol"].get("taken_at") or data["protocol"].get(RECORD_COMMITTED):
+            continue
+        date = _git(path.parent, "log", "-1", "--format=%cI", f"{before}^", "--", path.name).strip()
+        if date:
+            data["protocol"][RECORD_COMMITTED] = date
+            write_json_atomic(path, data)
+            done.append(path)
+    return done
 
 
 @functools.lru_cache(maxsize=64)  # a few commits for a folder's records: one git call each
@@ -88,3 +131,18 @@ def runs_day(records: Sequence[RunRecord], folder: Path) -> str:
 
 def _day(t: datetime) -> str:
     return t.astimezone(timezone.utc).date().isoformat()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Say in each undated run record under FOLDER when git first had its "
+                                 "run: the last commit before REV, the commit that only rewrote the records.")
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--before", required=True, metavar="REV", help="the commit that rewrote the records")
+    args = ap.parse_args(argv)
+    done = stamp_committed(args.folder, args.before)
+    print(f"{len(done)} run records under {args.folder} say when their run was committed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
