@@ -12,6 +12,7 @@ import gzip
 import json
 import statistics
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,17 +177,23 @@ def peak_memory(timed: list[dict[str, Any]]) -> dict[str, Any]:
     return {"allocated_bytes": max(allocated), "reserved_bytes": max(reserved) if reserved else None, "reason": None}
 
 
-def pack_folder(root: Path) -> list[Path]:
-    """Rewrite every run record under `root` whose steps are not packed yet and are PACK_STEPS_AT or more, every
-    other field as it was (unknown ones too); the files rewritten."""
-    done = []
+def raw_records(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(path, JSON as stored) of every run record under `root`, every field kept (unknown ones too): for tools that
+    rewrite records in place. Other JSON files are passed over."""
     for path in sorted(root.rglob("*.json")):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION or "engine" not in data:
-            continue  # not a run record
+        if isinstance(data, dict) and data.get("schema_version") == SCHEMA_VERSION and "engine" in data:
+            yield path, data
+
+
+def pack_folder(root: Path) -> list[Path]:
+    """Rewrite every run record under `root` whose steps are not packed yet and are PACK_STEPS_AT or more, every
+    other field as it was (unknown ones too); the files rewritten."""
+    done = []
+    for path, data in raw_records(root):
         again = packed(data)
         if again is not data:
             write_json_atomic(path, again, default=_jsonable)

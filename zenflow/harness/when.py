@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.records import RunRecord
+from zenflow.harness.records import RunRecord, raw_records
 from zenflow.harness.tables import write_json_atomic
 
 Span = tuple[datetime | None, datetime | None]  # taken no earlier than the first, no later than the second
@@ -69,12 +69,8 @@ def stamp_committed(root: Path, before: str) -> list[Path]:
     """Write RECORD_COMMITTED into every run record under `root` that has neither it nor `taken_at`: the time of
     the last commit before `before` that touched its file (the commit that only rewrote it excluded)."""
     done = []
-    for path in sorted(root.rglob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict) or "engine" not in data or not isinstance(data.get("protocol"), dict):
+    for path, data in raw_records(root):
+        if not isinstance(data.get("protocol"), dict):
             continue
         if data["protocol"].get("taken_at") or data["protocol"].get(RECORD_COMMITTED):
             continue
