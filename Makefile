@@ -5,7 +5,7 @@ PYTHON ?= python3
 COMMA := ,
 VENV ?= .venv
 
-.PHONY: install test lint bench bench-bounds bench-compare reproduce-llama7b reproduce-glue project clean
+.PHONY: install test test-fast lint bench bench-bounds bench-compare reproduce-llama7b reproduce-glue project clean
 
 ifeq ($(strip $(VENV)),)
 PY := $(PYTHON)
@@ -31,10 +31,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 endif
 
+# Everything (what CI runs; ~40 min on 2 cores), printing the slowest tests. tests/README.md: the tiers.
 test: install
 	$(PY) -m ruff check zenflow tests bench reproduce examples
-	$(PY) -m pytest tests -q --durations=25  # the slowest tests, for whoever makes the suite faster
+	$(PY) -m pytest tests -q
 	ZENFLOW_BENCH_SMALL=1 $(PY) -m pytest bench/ -q --benchmark-disable  # smoke: the benchmarks cannot rot
+
+# The in-process tier, the loop while editing (a few minutes): every test that starts no process. Last failures
+# first. Then the tier of what you touched: .venv/bin/python -m pytest tests -m ranks (or deepspeed, script, slow).
+test-fast: install
+	$(PY) -m ruff check zenflow tests bench reproduce examples
+	$(PY) -m pytest tests -q -m "not slow" --ff $(ARGS)
 
 lint: install
 	$(PY) -m ruff check zenflow tests bench reproduce examples

@@ -67,3 +67,70 @@ def feed():
     parameters, steps `opt` and zeroes the gradients (zero_grad=False: not); record=True returns the parameters
     after every step (tests/support/helpers.py: `feed`)."""
     return _feed
+
+
+# ---- cost tiers -------------------------------------------------------------------------------------------------
+# A marker stands for what a test costs (pyproject.toml lists them; tests/README.md says which to run when). `make
+# test-fast` deselects `slow`; CI runs everything. Markers come from the fixtures a test uses, so nobody has to
+# remember them, and the spawn guard below fails a test that starts an interpreter without `slow` some other way.
+IMPLIES_SLOW = ("ranks", "deepspeed", "script")
+MARKER_OF_FIXTURE = {"torchrun": "ranks", "run_script": "script"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in MARKER_OF_FIXTURE.items():
+            if fixture in item.fixturenames:  # the closure: a fixture that uses `torchrun` marks its tests too
+                item.add_marker(marker)
+        if any(item.get_closest_marker(m) for m in IMPLIES_SLOW):
+            item.add_marker("slow")
+
+
+@pytest.fixture(scope="session")
+def torchrun():
+    """`torchrun(script, config, out, *extra)`: two ranks of `script` under torch.distributed.run, the test failed
+    with their stderr unless both exit 0 (tests/support/launch.py). Marks the test `ranks`."""
+    import launch
+
+    return launch.torchrun
+
+
+# ---- the spawn guard --------------------------------------------------------------------------------------------
+from spawn_guard import SpawnGuard  # noqa: E402
+
+_guard = SpawnGuard()
+pytest_plugins = ["pytester"]  # tests/project/test_spawn_guard.py runs a suite through this conftest
+
+
+@pytest.fixture
+def spawn_guard() -> SpawnGuard:
+    """The session's guard, for the tests that provoke it."""
+    return _guard
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _guard.install()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _guard.uninstall()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    # Setup, call and teardown, module-scoped fixtures included, run inside: a launch is charged to the test that
+    # caused it.
+    with _guard.running(item, allowed=item.get_closest_marker("slow") is not None):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    # Code under test may swallow the guard's exception (a harness records a failed launch and goes on): the test
+    # fails anyway, at the first phase that passed after it.
+    refused = _guard.take_refusal(item)
+    if refused and report.passed:
+        report.outcome = "failed"
+        report.longrepr = refused
+    return report

@@ -55,6 +55,7 @@ def expected() -> tuple[list[int], int]:
     return [sum(host_views)] * STEPS, two_gradient_views_and_one_parameter_view
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: two gradient staging views exist only "
                     "on CUDA with overlap_step (the CPU twin below fakes that condition)")
 def test_on_cuda_overlap_counts_each_steps_gradient_once():

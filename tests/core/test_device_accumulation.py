@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import copy
 import io
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import dp_rank
@@ -395,16 +391,6 @@ DP_CONFIGS = {
 }
 
 
-def torchrun(script: str, config: dict, out: Path, *extra: str) -> None:
-    support = str(Path(dp_rank.__file__).resolve().parent)
-    root = str(Path(optimizer_module.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, support, os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", script,
-           "--config", json.dumps(config), "--out", str(out), *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
 def rank_files(out: Path, what: str = "params") -> list[dict]:
     return [torch.load(out / f"{what}-rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
@@ -423,7 +409,7 @@ def one_process(config: dict, steps: int = 12) -> dict:
 
 
 @pytest.mark.parametrize("name", list(DP_CONFIGS))
-def test_two_ranks_of_device_accumulation_equal_two_ranks_of_host_accumulation(name, tmp_path):
+def test_two_ranks_of_device_accumulation_equal_two_ranks_of_host_accumulation(name, tmp_path, torchrun):
     config = DP_CONFIGS[name]
     torchrun(dp_rank.__file__, config, tmp_path / "host")
     torchrun(dp_rank.__file__, {**config, "accumulate_on": "device"}, tmp_path / "device")
@@ -437,7 +423,7 @@ def test_two_ranks_of_device_accumulation_equal_two_ranks_of_host_accumulation(n
         assert on_device[("h2d", "params")] == on_host[("h2d", "params")]
 
 
-def test_per_rank_checkpoints_inside_an_interval_resume_bit_exactly_and_need_their_partial_sums(tmp_path):
+def test_per_rank_checkpoints_inside_an_interval_resume_bit_exactly_and_need_their_partial_sums(tmp_path, torchrun):
     config = {**DP_CONFIGS["overlap-warmup-reselect-clip"], "accumulate_on": "device"}
     torchrun(dp_rank.__file__, config, tmp_path / "whole", "--save-at", "5")  # mid-interval, an upload pending
     torchrun(dp_rank.__file__, config, tmp_path / "resumed", "--resume-from", str(tmp_path / "whole"))
@@ -454,7 +440,7 @@ def test_per_rank_checkpoints_inside_an_interval_resume_bit_exactly_and_need_the
     assert not same(rank_files(tmp_path / "lost-resumed")[0], whole[0])
 
 
-def test_negative_control_one_ranks_perturbed_sums_change_both_ranks_parameters(tmp_path):
+def test_negative_control_one_ranks_perturbed_sums_change_both_ranks_parameters(tmp_path, torchrun):
     config = {**DP_CONFIGS["sync-reselect-clip"], "accumulate_on": "device"}
     torchrun(__file__, config, tmp_path / "perturbed")  # perturbing_rank: rank 1's sums off by 1e-3 at each ship
     torchrun(dp_rank.__file__, config, tmp_path / "device")

@@ -10,7 +10,6 @@ bit-exactly, per-rank state converts to and from one process's, a dead rank is a
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -21,12 +20,12 @@ import dp_rank
 import pytest
 import torch
 from helpers import train_on_global_batches
+from launch import child_env
 
 from zenflow import ZenFlowAdamW
 from zenflow.checkpoint import consolidate, shard
 from zenflow.config import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(dp_rank.__file__).resolve()  # tests/support/dp_rank.py, launched by path
 WORLD = 2
 SYNC, OVERLAP = dp_rank.SYNC, dp_rank.OVERLAP  # the settings both two-rank test files share
@@ -38,19 +37,24 @@ CONFIGS = {
 }
 
 
-def torchrun(config: dict, out: Path, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-           str(SCRIPT), "--config", json.dumps(config), "--out", str(out), *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
-    return done
+@pytest.fixture(scope="module")
+def two_ranks(torchrun):
+    """`two_ranks(config, out, *extra)`: tests/support/dp_rank.py at two ranks, failing the test unless both exit 0."""
+    return lambda config, out, *extra: torchrun(SCRIPT, config, out, *extra)
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+@pytest.fixture(scope="module")
+def launched(two_ranks, tmp_path_factory):
+    """`launched(name)`: the folder of CONFIGS[name]'s two-rank run, launched once for every test that reads it."""
+    runs: dict[str, Path] = {}
 
+    def folder(name: str) -> Path:
+        if name not in runs:
+            runs[name] = tmp_path_factory.mktemp(name)
+            two_ranks(CONFIGS[name], runs[name])
+        return runs[name]
 
-def ok(done: subprocess.CompletedProcess) -> None:
-    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
 
 
 def ranks(out: Path, what: str = "params") -> list[dict]:
@@ -78,10 +82,10 @@ def assert_close(mine: dict, reference: dict, atol: float = 1e-6) -> None:
             f"{name}: max |diff| {(mine[name] - value).abs().max().item():.3g}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONFIGS)
-def test_two_ranks_equal_one_process_on_the_global_batch(name: str, tmp_path: Path) -> None:
-    config = CONFIGS[name]
-    ok(torchrun(config, tmp_path))
+def test_two_ranks_equal_one_process_on_the_global_batch(name: str, launched) -> None:
+    config, tmp_path = CONFIGS[name], launched(name)
     rank0, rank1 = ranks(tmp_path)
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0), "the ranks' parameters differ"
     host_bytes: list[int] = []
@@ -97,15 +101,17 @@ def test_two_ranks_equal_one_process_on_the_global_batch(name: str, tmp_path: Pa
     assert any(not torch.equal(rank0[k], start[k]) for k in start), "nothing trained"
 
 
-def test_wrapping_the_model_in_ddp_gives_the_same_parameters(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_wrapping_the_model_in_ddp_gives_the_same_parameters(tmp_path: Path, two_ranks) -> None:
     """DDP averages the gradients first; ZenFlow's own averaging of equal gradients leaves them as they are, so the
     result is the same (at twice the traffic: do not wrap; docs/distributed.md)."""
-    ok(torchrun(SYNC, tmp_path / "ddp", "--ddp"))
+    two_ranks(SYNC, tmp_path / "ddp", "--ddp")
     assert_close(ranks(tmp_path / "ddp")[0], one_process(SYNC))
 
 
-def test_selection_exchanges_one_number_per_column(tmp_path: Path) -> None:
-    ok(torchrun(SYNC, tmp_path))
+@pytest.mark.slow
+def test_selection_exchanges_one_number_per_column(launched) -> None:
+    tmp_path = launched("sync-reselect-clip")  # SYNC, as the oracle above ran it
     sent = ranks(tmp_path, "bytes")[0]
     widths = [p.shape[1] for p in dp_rank.build_model().parameters() if p.dim() >= 2]
     selections = len(range(0, 12, SYNC["zenflow"]["select_interval"]))
@@ -114,10 +120,11 @@ def test_selection_exchanges_one_number_per_column(tmp_path: Path) -> None:
     assert sent[("net", "column_norms")] / selections < gradient_bytes / 10
 
 
-def test_per_rank_checkpoints_resume_bit_exactly_and_convert_to_one_process(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_per_rank_checkpoints_resume_bit_exactly_and_convert_to_one_process(tmp_path: Path, two_ranks) -> None:
     config = OVERLAP  # saved mid-interval, with an overlapped host update pending its upload
-    ok(torchrun(config, tmp_path / "whole", "--save-at", "5"))
-    ok(torchrun(config, tmp_path / "resumed", "--resume-from", str(tmp_path / "whole")))
+    two_ranks(config, tmp_path / "whole", "--save-at", "5")
+    two_ranks(config, tmp_path / "resumed", "--resume-from", str(tmp_path / "whole"))
     for whole, resumed in zip(ranks(tmp_path / "whole"), ranks(tmp_path / "resumed")):
         assert all(torch.equal(whole[k], resumed[k]) for k in whole), "resume is not bit-exact"
 
@@ -145,6 +152,8 @@ def test_a_state_dict_loads_only_into_its_own_rank_and_world() -> None:
         shard(sd, 0, 2)
 
 
+@pytest.mark.slow
+@pytest.mark.ranks  # started by hand, without torchrun's agent
 def test_a_dead_rank_ends_the_others_with_a_clear_error(tmp_path: Path) -> None:
     """Without torchrun's agent (which would stop the survivors itself): rank 1 exits at step 3; rank 0's next
     collective fails and it raises DistributedError naming itself, well before the group's timeout."""
@@ -153,7 +162,7 @@ def test_a_dead_rank_ends_the_others_with_a_clear_error(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     procs = []
     for rank in range(WORLD):
-        env = {**_env(), "RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank),
+        env = {**child_env(), "RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen([sys.executable, str(SCRIPT), "--config", json.dumps(SYNC),
                                        "--out", str(tmp_path), "--die-at", "3", "--timeout", "30"], env=env,
@@ -170,12 +179,13 @@ def test_a_dead_rank_ends_the_others_with_a_clear_error(tmp_path: Path) -> None:
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-def test_auto_update_interval_fires_as_in_one_process(overlap: bool, tmp_path: Path) -> None:
+def test_auto_update_interval_fires_as_in_one_process(overlap: bool, tmp_path: Path, two_ranks) -> None:
     """Each rank accumulates its block; the whole's mass is summed across ranks when the rule reads it."""
     config = {"lr": 0.01, "zenflow": {"topk_ratio": 0.25, "update_interval": "auto", "select_interval": 8,
                                       "overlap_step": overlap}}
-    ok(torchrun(config, tmp_path, "--steps", "24"))
+    two_ranks(config, tmp_path, "--steps", "24")
     assert_close(ranks(tmp_path)[0], one_process(config, steps=24))
     assert ranks(tmp_path, "bytes")[0][("net", "auto_masses")] > 0
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import dp_asymmetric_rank as rank_script
+import pytest
 import torch
 from helpers import train_on_global_batches
 
@@ -53,6 +54,7 @@ def one_process(steps: int) -> dict[str, torch.Tensor]:
     return rank_script.snapshot(model)
 
 
+@pytest.mark.ranks
 def test_two_ranks_equal_one_process_when_the_world_size_does_not_divide_the_widths(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
            str(SCRIPT), "odd-widths", "--config", json.dumps(CONFIG), "--steps", str(STEPS),

@@ -15,7 +15,10 @@ import sys
 from pathlib import Path
 
 import dp_asymmetric_rank as rank_script
+import pytest
 import torch
+
+pytestmark = pytest.mark.ranks  # two ranks (tests/README.md)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(rank_script.__file__).resolve()  # tests/support/dp_asymmetric_rank.py, launched by path

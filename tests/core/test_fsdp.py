@@ -10,10 +10,6 @@ all-reduce of the partial norms) select differently and end elsewhere.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,7 +25,6 @@ from zenflow.config import ConfigError
 from zenflow.distributed import DataParallel
 from zenflow.sharded_checkpoint import ShardedState
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(fsdp_rank.__file__).resolve()
 WORLD = 2
 STEPS = 12
@@ -44,12 +39,24 @@ CONFIGS = {
 }
 
 
-def torchrun(config: dict, out: Path, *extra: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", str(SCRIPT),
-           "--config", json.dumps(config), "--out", str(out), "--steps", str(STEPS), *extra]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+@pytest.fixture(scope="module")
+def two_ranks(torchrun):
+    """`two_ranks(config, out, *extra)`: tests/support/fsdp_rank.py at two ranks for STEPS steps."""
+    return lambda config, out, *extra: torchrun(SCRIPT, config, out, "--steps", str(STEPS), *extra)
+
+
+@pytest.fixture(scope="module")
+def launched(two_ranks, tmp_path_factory):
+    """`launched(name)`: the folder of CONFIGS[name]'s two-rank run, launched once for every test that reads it."""
+    runs: dict[str, Path] = {}
+
+    def folder(name: str) -> Path:
+        if name not in runs:
+            runs[name] = tmp_path_factory.mktemp(name)
+            two_ranks(CONFIGS[name], runs[name])
+        return runs[name]
+
+    return folder
 
 
 def ranks(out: Path, what: str = "params") -> list:
@@ -74,9 +81,8 @@ def max_diff(mine: dict, reference: dict) -> float:
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_fsdp2_at_two_ranks_equals_one_process_on_the_global_batch(name: str, tmp_path: Path) -> None:
-    config = CONFIGS[name]
-    torchrun(config, tmp_path)
+def test_fsdp2_at_two_ranks_equals_one_process_on_the_global_batch(name: str, launched) -> None:
+    config, tmp_path = CONFIGS[name], launched(name)
     rank0, rank1 = ranks(tmp_path)
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # the full parameters, gathered on each rank
     reference, reference_selected = one_process(config)
@@ -88,12 +94,12 @@ def test_fsdp2_at_two_ranks_equals_one_process_on_the_global_batch(name: str, tm
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-def test_the_auto_interval_fires_as_in_one_process(overlap: bool, tmp_path: Path) -> None:
+def test_the_auto_interval_fires_as_in_one_process(overlap: bool, tmp_path: Path, two_ranks) -> None:
     """Each rank holds its rows of both the selected and the accumulated columns: both masses are summed over the
     ranks when the rule reads them, so the boundaries fall where one process's do."""
     config = {"lr": 0.01, "zenflow": {"topk_ratio": 0.25, "update_interval": "auto", "select_interval": 8,
                                       "overlap_step": overlap}}
-    torchrun(config, tmp_path)
+    two_ranks(config, tmp_path)
     reference, reference_selected = one_process(config)
     assert max_diff(ranks(tmp_path)[0], reference) < 1e-6
     assert ranks(tmp_path, "selected")[0] == reference_selected
@@ -101,8 +107,8 @@ def test_the_auto_interval_fires_as_in_one_process(overlap: bool, tmp_path: Path
     assert sent[("net", "auto_masses")] > 0
 
 
-def test_each_rank_holds_its_rows_host_state_and_sends_one_number_per_column(tmp_path: Path) -> None:
-    torchrun(SYNC, tmp_path)
+def test_each_rank_holds_its_rows_host_state_and_sends_one_number_per_column(launched) -> None:
+    tmp_path = launched("sync-reselect-clip")  # SYNC, as the oracle above ran it
     per_rank = ranks(tmp_path, "bytes")
     model = fsdp_rank.build_model()
     whole = ZenFlowAdamW(model.parameters(), process_group=False, **SYNC)
@@ -117,22 +123,22 @@ def test_each_rank_holds_its_rows_host_state_and_sends_one_number_per_column(tmp
     whole.close()
 
 
-def test_without_the_norm_all_reduce_the_ranks_select_differently_and_diverge(tmp_path: Path) -> None:
+def test_without_the_norm_all_reduce_the_ranks_select_differently_and_diverge(tmp_path: Path, two_ranks) -> None:
     """The negative control of the oracle above: each rank ranks columns by its own rows."""
-    torchrun(SYNC, tmp_path, "--skip-norm-all-reduce")
+    two_ranks(SYNC, tmp_path, "--skip-norm-all-reduce")
     selected0, selected1 = ranks(tmp_path, "selected")
     reference, reference_selected = one_process(SYNC)
     assert selected0 != selected1 or selected0 != reference_selected
     assert max_diff(ranks(tmp_path)[0], reference) > 1e-4
 
 
-def test_mixed_precision_as_fsdp2_does_it_matches_torch_adamw_at_topk_one(tmp_path: Path) -> None:
+def test_mixed_precision_as_fsdp2_does_it_matches_torch_adamw_at_topk_one(tmp_path: Path, two_ranks) -> None:
     """MixedPrecisionPolicy(param_dtype=bf16): the forward and backward in bf16, the sharded parameters and the
     optimizer in fp32. ZenFlow with every column selected is AdamW (docs/design.md §2), so it must match torch's
     AdamW on the same sharded model."""
     config = {"lr": 0.01, "zenflow": {"topk_ratio": 1.0, "update_interval": 2, "overlap_step": False}}
-    torchrun(config, tmp_path / "zenflow", "--mixed-precision")
-    torchrun(config, tmp_path / "adamw", "--mixed-precision", "--torch-adamw")
+    two_ranks(config, tmp_path / "zenflow", "--mixed-precision")
+    two_ranks(config, tmp_path / "adamw", "--mixed-precision", "--torch-adamw")
     ours, torchs = ranks(tmp_path / "zenflow")[0], ranks(tmp_path / "adamw")[0]
     assert max_diff(ours, torchs) < 1e-6
     exact, _ = one_process(config)
@@ -140,12 +146,12 @@ def test_mixed_precision_as_fsdp2_does_it_matches_torch_adamw_at_topk_one(tmp_pa
 
 
 @pytest.mark.parametrize("config", [SYNC, OVERLAP], ids=["sync", "overlap"])
-def test_dcp_checkpoint_resumes_mid_interval_at_two_ranks_and_at_one(config: dict, tmp_path: Path) -> None:
+def test_dcp_checkpoint_resumes_mid_interval_at_two_ranks_and_at_one(config: dict, tmp_path: Path, two_ranks) -> None:
     """Saved at 2 ranks after 5 steps (mid-interval; with overlap an update is pending its upload), loaded at 2 ranks
     (bit-exact against the uninterrupted run) and at 1 process from the same files (DCP reshards; within fp32
     rounding, as the one-process oracle)."""
-    torchrun(config, tmp_path / "whole", "--dcp-save-at", "5")
-    torchrun(config, tmp_path / "resumed", "--dcp-resume", str(tmp_path / "whole" / "dcp"))
+    two_ranks(config, tmp_path / "whole", "--dcp-save-at", "5")
+    two_ranks(config, tmp_path / "resumed", "--dcp-resume", str(tmp_path / "whole" / "dcp"))
     whole, resumed = ranks(tmp_path / "whole")[0], ranks(tmp_path / "resumed")[0]
     assert all(torch.equal(whole[k], resumed[k]) for k in whole), "the 2-rank resume is not bit-exact"
     single, single_selected = one_process(config, start=5, resume=tmp_path / "whole" / "dcp")

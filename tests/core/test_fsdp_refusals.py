@@ -13,6 +13,8 @@ from pathlib import Path
 import fsdp_refusals
 import pytest
 
+pytestmark = pytest.mark.ranks  # two ranks (tests/README.md)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -104,6 +104,7 @@ def test_a_reselection_keeps_the_arena_and_its_places(feed, zenflow_opt):
     opt.close()
 
 
+@pytest.mark.slow
 def test_first_selection_peak_is_not_full_width_plus_a_copy():
     """Peak resident memory across the first step, in a fresh process, for one 2048 x 2048 fp32 weight at topk 0.1
     (sync, CPU device): with warm-up 0 it is about the steady host state (plus the device part, here also host memory);

@@ -128,6 +128,7 @@ def test_close_and_with_block_stop_the_worker_and_restore_compute_cores(zenflow_
     assert opt.pending is None  # the with block drained the last host update
 
 
+@pytest.mark.slow
 def test_plain_script_without_main_guard_exits_cleanly_with_the_worker_running(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""

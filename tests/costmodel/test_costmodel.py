@@ -229,6 +229,7 @@ def _at_speed(record: dict, speed: float) -> dict:
     return {**record, "loops": loops}
 
 
+@pytest.mark.slow
 def test_two_calibrations_in_a_row_agree(two_smoke_calibrations: list[dict]) -> None:
     """Warm-up discarded, rounds in fresh processes, medians: a second calibration reproduces the first
     (issue 15), on every number both measured within their spread bound, once the machine's speed of the moment is
@@ -294,6 +295,7 @@ def test_a_calibration_beyond_its_spread_bound_is_refused_and_the_kept_one_stays
     assert agreement(record, other) == []
 
 
+@pytest.mark.slow
 def test_calibration_smoke_gives_a_record_the_model_and_the_projection_can_use(two_smoke_calibrations) -> None:
     """The record the calibration writes loads, every calibrated input is positive, and both validation inputs
     and projection follow."""

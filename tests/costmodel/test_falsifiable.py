@@ -94,6 +94,7 @@ def test_band_spans_its_cases_and_names_its_ends(cal):
     assert any("blog" in r["low_case"] + r["high_case"] for r in rows)
 
 
+@pytest.mark.deepspeed
 def test_host_adam_record_measures_both_kernels(tmp_path):
     out = tmp_path / "host-adam.json"
     assert host_adam.main(["--numel", "20000", "--rounds", "1", "--steps", "2", "--out", str(out)]) == 0

@@ -49,6 +49,7 @@ def test_a_deepspeed_run_fails_at_once_on_a_stale_lock_instead_of_hanging(tmp_pa
     assert time.monotonic() - start < 10
 
 
+@pytest.mark.slow
 def test_a_stopped_child_releases_the_build_lock_it_holds(tmp_path):
     """What torch's cpp_extension does while DeepSpeed builds an op: hold a FileBaton in try/finally. SIGTERM used
     to end the process before `finally`, leaving the lock; the run child turns it into SystemExit."""

@@ -196,6 +196,7 @@ def test_reproduce_glue_bad_input_prints_one_message_and_leaves_no_record(tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.slow
 @minilm
 def test_a_model_whose_weights_are_corrupt_fails_in_the_child_without_leaving_a_record(tmp_path, capsys):
     minilm, folder, out = Path(default_model()), tmp_path / "corrupt", tmp_path / "out"
@@ -263,6 +264,7 @@ def test_engines_that_changed_the_weights_at_init_are_named_under_the_table():
 
 
 # ---- end to end: a tiny fine-tuning through two engines --------------------------------------------------------
+@pytest.mark.slow
 @shared
 def test_tiny_end_to_end_run_through_two_engines_writes_valid_records_table_and_figure(tmp_path):
     code = reproduce_glue.main(["--tasks", "SST-2", "--engines", "no-offload", "ref-zenflow", "--seeds", "0",
@@ -311,6 +313,7 @@ def test_ds_zenflow_keeps_the_pretrained_weights_only_as_its_authors_intended(tm
     assert "parity (DeepSpeed as intended)" in (tmp_path / "table.md").read_text()
 
 
+@pytest.mark.slow
 @shared
 def test_evaluations_along_the_way_record_a_curve_and_change_no_step(tmp_path):
     """--eval-every 2: points at steps 2, 4 and the end, training time growing and only the steps' (the

@@ -93,6 +93,7 @@ def tiny_spec(run_spec, tiny_workload):
     return make
 
 
+@pytest.mark.slow
 def test_a_failing_run_leaves_a_complete_failed_record(tiny_spec, tmp_path):
     out = tmp_path / "bad.json"
     record = run_in_subprocess(tiny_spec("ref-zenflow", workload={"data": str(tmp_path / "missing.json")}), out)
@@ -100,12 +101,14 @@ def test_a_failing_run_leaves_a_complete_failed_record(tiny_spec, tmp_path):
     assert RunRecord.read(out).status == "failed"
 
 
+@pytest.mark.slow
 def test_a_killed_run_leaves_a_failed_record_and_no_process(tiny_spec, tmp_path):
     out = tmp_path / "slow.json"
     record = run_in_subprocess(tiny_spec("ref-zenflow", timed_steps=10_000), out, timeout_s=3)
     assert record.status == "failed" and "timeout" in record.error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ref-zenflow", "ref-offload", "ref-offload-gas", "no-offload"])
 def test_a_run_record_holds_timings_bytes_environment_and_nvml_status(tiny_spec, tmp_path, engine):
     record = run_in_subprocess(tiny_spec(engine), tmp_path / f"{engine}.json")

@@ -72,6 +72,7 @@ def assert_gone(*pid_list: int, wait_s: float = 5) -> None:
     assert not any(alive(p) for p in pid_list), [p for p in pid_list if alive(p)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["terminate", "ignore"])
 def test_stopping_a_group_stops_the_grandchildren_too_even_one_that_ignores_sigterm(tmp_path, mode):
     pidfile = tmp_path / "pids"
@@ -82,6 +83,7 @@ def test_stopping_a_group_stops_the_grandchildren_too_even_one_that_ignores_sigt
     assert_gone(child, grandchild)
 
 
+@pytest.mark.slow
 def test_a_timed_out_run_leaves_no_process_behind(spec, tmp_path, monkeypatch):
     pidfile = tmp_path / "pids"
     monkeypatch.setattr(processes, "GRACE_S", 1.0)
@@ -91,6 +93,7 @@ def test_a_timed_out_run_leaves_no_process_behind(spec, tmp_path, monkeypatch):
     assert_gone(*pids(pidfile, wait_s=0))
 
 
+@pytest.mark.slow
 def test_closing_a_stepped_engine_leaves_no_process_behind(spec, tmp_path, monkeypatch):
     pidfile = tmp_path / "pids"
     monkeypatch.setattr(processes, "GRACE_S", 1.0)
@@ -138,6 +141,7 @@ def test_a_gpu_selection_the_launcher_cannot_express_fails_clearly(spec, monkeyp
         runner._launcher(spec("ds-zero-offload", num_gpus=2))
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("engine", ["ref-zenflow", "no-offload"])
 def test_a_two_rank_run_of_our_engines_trains_on_gloo_and_records_its_world_size(spec, tmp_path, engine):
     s = spec(engine, num_gpus=2)

@@ -118,6 +118,7 @@ def held(tmp_path_factory, run_spec):
     return records, plan, shape
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ref-offload", "ref-zenflow", "ref-zenflow-da"])
 def test_host_state_estimate_within_10_percent(held, engine):
     records, _, shape = held
@@ -129,6 +130,7 @@ def test_host_state_estimate_within_10_percent(held, engine):
     assert abs(pinned + pageable - actual) <= 0.10 * actual, (pinned + pageable, actual)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ref-offload", "ref-zenflow", "ref-zenflow-da", "no-offload"])
 def test_peak_rss_estimate_within_10_percent(held, engine):
     records, plan, _ = held
@@ -136,6 +138,7 @@ def test_peak_rss_estimate_within_10_percent(held, engine):
     assert abs(plan[engine].host - actual) <= 0.10 * actual, (plan[engine].host / mp.GiB, actual / mp.GiB)
 
 
+@pytest.mark.slow
 def test_a_child_does_not_inherit_its_parents_peak(tmp_path):
     """Negative control of the RSS figures above: ru_maxrss would report a large parent's peak in a fresh child
     (Linux keeps it across fork and exec); peak_rss_bytes (VmHWM) reports the child's own."""
@@ -153,6 +156,7 @@ def test_a_child_does_not_inherit_its_parents_peak(tmp_path):
     del ballast
 
 
+@pytest.mark.slow
 def test_an_engine_that_does_not_fit_gets_a_skipped_record_in_seconds(tmp_path):
     """The preflight's negative control: a simulated 1 GiB host skips ref-zenflow without starting a child."""
     import subprocess

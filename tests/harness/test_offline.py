@@ -13,6 +13,8 @@ import pytest
 from zenflow.harness.records import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # every test starts a run child (tests/README.md)
+
 SNIPPET = """
 from zenflow.harness.workloads import Tokenizer, Workload, batches, build_model, load_texts
 w = Workload(model="llama2-7b-shape", hidden=64, intermediate=128, heads=4, layers=1, freeze_embedding=True,

@@ -87,6 +87,7 @@ def reap():
 
 
 # ---- F6: a run child dies with its parent ---------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("die_with_parent", [True, False], ids=["death-signal", "negative-control-none"])
 def test_a_run_child_dies_with_a_sigkilled_parent_and_cleans_up(tmp_path, reap, die_with_parent):
@@ -106,6 +107,7 @@ def test_a_run_child_dies_with_a_sigkilled_parent_and_cleans_up(tmp_path, reap, 
         assert not gone_within(child, 2) and not cleaned.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("main_thread_only", [True, False], ids=["gated", "negative-control-ungated"])
 def test_a_child_started_from_a_helper_thread_survives_that_threads_end(tmp_path, reap, monkeypatch,
@@ -140,6 +142,7 @@ def test_the_reason_names_the_signal_and_guesses_the_oom_killer_only_for_sigkill
     assert runner.exit_reason(1) == "child exited (1) without a record"
 
 
+@pytest.mark.slow
 def test_a_sigkilled_run_child_is_named_in_the_records_first_and_last_line(no_offload_spec, tmp_path, monkeypatch):
     # A child that prints a progress line, then is killed the way the OOM killer kills it.
     child = ("import os, signal, sys\n"
@@ -271,6 +274,7 @@ def test_run_children_build_ops_in_the_checkouts_build_folder_where_the_lock_che
         check_build_locks()
 
 
+@pytest.mark.slow
 def test_the_users_torch_extensions_dir_wins_and_reaches_the_child(no_offload_spec, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
     seen = tmp_path / "seen"
@@ -311,6 +315,7 @@ proc.kill()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how, said", [("start_group", "interrupted"), ("plain-preexec", "carried on")],
                          ids=["blocked-window", "negative-control-lost"])
 def test_a_stop_that_arrives_while_a_child_is_forked_is_not_lost(how, said):

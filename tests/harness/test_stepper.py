@@ -10,6 +10,8 @@ from zenflow.harness.records import RunRecord
 from zenflow.harness.runner import RunSpec
 from zenflow.harness.stepper import SteppedEngine, StepperError
 
+pytestmark = pytest.mark.slow  # every test starts a run child (tests/README.md)
+
 
 @pytest.fixture
 def spec(run_spec, tiny_workload):

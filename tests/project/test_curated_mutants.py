@@ -173,6 +173,7 @@ def killed(tmp: Path, mutant: Mutant) -> tuple[Mutant, bool, str]:
     return mutant, done.returncode != 0, (done.stdout + done.stderr)[-1500:]
 
 
+@pytest.mark.slow
 def test_the_scratch_tree_runs_the_copy_not_the_checkout(tmp_path: Path) -> None:
     """The runner's own negative control: a copy whose zenflow/__init__.py raises must fail to import there."""
     tree = scratch_tree(tmp_path)
@@ -182,6 +183,7 @@ def test_the_scratch_tree_runs_the_copy_not_the_checkout(tmp_path: Path) -> None
     assert done.returncode != 0 and "the scratch copy" in done.stderr
 
 
+@pytest.mark.slow
 def test_every_curated_mutant_is_killed_by_the_tests_that_pin_its_promise(tmp_path: Path) -> None:
     pinning = tuple(sorted({t for m in MUTANTS for t in m.tests}))
     with ThreadPoolExecutor(max_workers=2) as pool:  # 2 cores: two at a time, the control first among them

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.script  # scripts end to end (tests/README.md)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -197,12 +197,14 @@ def run_torch_only(statement: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_zenflow_trains_saves_and_loads_with_every_harness_package_refused():
     result = run_torch_only("import zenflow")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("ok"), result.stdout
 
 
+@pytest.mark.slow
 def test_the_refusing_interpreter_fails_on_a_harness_package():
     # A core module growing `import tabulate` would fail just like this: the test above can fail.
     result = run_torch_only("import zenflow, tabulate")

@@ -45,6 +45,7 @@ def test_transformers_floor_knows_the_dtype_keyword_and_deepspeed_is_optional():
     assert "deepspeed" not in reqs | requirements()  # an extra: without it the ds-* rows say "not installed"
 
 
+@pytest.mark.script
 def test_make_with_an_empty_venv_uses_the_interpreter_at_hand_and_no_pip():
     if shutil.which("make") is None:
         pytest.fail("make is not installed: the Makefile cannot be checked")
@@ -59,6 +60,7 @@ def test_make_with_an_empty_venv_uses_the_interpreter_at_hand_and_no_pip():
     assert pips[0].endswith("pip install -q torch==2.13.0")  # the exact pin: first and alone
 
 
+@pytest.mark.script
 def test_the_import_check_runs_without_torch_and_names_what_is_missing():
     # A bare interpreter (no site-packages of ours): it must still start and say what is missing, not crash.
     result = subprocess.run([sys.executable, "-S", str(ROOT / "zenflow" / "harness" / "checks" / "preflight.py")],

@@ -70,6 +70,7 @@ def test_report_writes_table_csv_and_figure(tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == {"cores.md", "cores.csv", "cores.png"}
 
 
+@pytest.mark.script
 def test_the_ablation_runs_end_to_end_at_smoke_size(tmp_path):
     """reproduce/llama7b.py --cores-ablation: every (repeat, fraction) of ref-zenflow is a record whose block holds
     its fraction and whose protocol names its split; the table has a row per fraction."""

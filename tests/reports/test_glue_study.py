@@ -102,6 +102,7 @@ def test_knob_flags_reach_the_zenflow_block_and_bad_values_are_refused(capsys):
         assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.script
 @pytest.mark.skipif(not SHARED_GLUE.is_dir(), reason="../shared/data/glue not present")
 def test_tiny_study_end_to_end_keeps_finished_settings_and_reports(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

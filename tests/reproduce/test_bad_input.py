@@ -229,6 +229,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     return results
 
 
+@pytest.mark.script
 @pytest.mark.parametrize(("script", "args", "env", "argument", "fragments"), CASES)
 def test_bad_input_exits_2_with_one_line_naming_argument_value_and_rule(outcomes, request, script, args, env,
                                                                         argument, fragments):
@@ -246,6 +247,7 @@ def test_bad_input_exits_2_with_one_line_naming_argument_value_and_rule(outcomes
     assert not (tmp / f"out-{case}").exists(), "a refused run created its output folder"
 
 
+@pytest.mark.script
 @pytest.mark.parametrize("case", [p.id for p in CASES if p.values[0] != PROJECT and "--out" not in p.values[1]
                                   and "--report-only" not in p.values[1] and "glue-dir" not in p.id])
 def test_parsing_imports_neither_deepspeed_nor_transformers(outcomes, case):
@@ -253,12 +255,14 @@ def test_parsing_imports_neither_deepspeed_nor_transformers(outcomes, case):
     assert outcomes[case]["imported"] == {"deepspeed": False, "transformers": False}
 
 
+@pytest.mark.script
 def test_refused_runs_leave_every_given_file_and_folder_as_it_was(outcomes):
     assert outcomes["_files_unchanged"]["ok"], outcomes["_files_unchanged"]["diff"]
     assert not (outcomes["_tmp"]["path"] / "a-folder" / PARTIAL).exists()
 
 
 # ---- the commands themselves: the make target (MODEL=, ARGS=) and a plain interpreter ----------------------------
+@pytest.mark.script
 def test_make_target_refuses_a_missing_model_path_before_any_run(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(["make", "-s", "reproduce-llama7b", "VENV=", f"PYTHON={sys.executable}",
@@ -270,6 +274,7 @@ def test_make_target_refuses_a_missing_model_path_before_any_run(tmp_path):
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
+@pytest.mark.script
 def test_plain_python_command_refuses_train_examples_0(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, GLUE, "--train-examples", "0", "--out", str(out)], capture_output=True,
@@ -280,6 +285,7 @@ def test_plain_python_command_refuses_train_examples_0(tmp_path):
 
 
 # ---- a failed plan leaves the folder as it was ----------------------------------------------------------------
+@pytest.mark.script
 def test_a_failed_plan_leaves_the_folder_as_it_was_until_resume_completes_it(tmp_path):
     """The run fails inside its child (3 tokens of data: too few for one batch, found only by the tokenizer)."""
     out, data = tmp_path / "out", tmp_path / "tiny.txt"
@@ -306,6 +312,7 @@ def test_a_failed_plan_leaves_the_folder_as_it_was_until_resume_completes_it(tmp
     assert (out / "table.md").read_text() != "earlier table\n"
 
 
+@pytest.mark.script
 def test_an_interrupted_plan_leaves_the_folder_as_it_was_and_says_so(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

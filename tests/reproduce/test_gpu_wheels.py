@@ -54,6 +54,7 @@ def wheel_set(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.deepspeed
 def test_set_fits_installs_here_and_deepspeed_imports_from_it(wheel_set, tmp_path):
     size = sum(p.stat().st_size for p in wheel_set.iterdir())
     assert size <= 16 * 2**20, f"{size / 2**20:.1f} MiB"
@@ -75,6 +76,7 @@ def test_set_fits_installs_here_and_deepspeed_imports_from_it(wheel_set, tmp_pat
     assert found["tokenizer"]
 
 
+@pytest.mark.script
 def test_rerun_replaces_stale_wheels(wheel_set, tmp_path):
     out = tmp_path / "whl"
     shutil.copytree(wheel_set, out)
@@ -86,6 +88,7 @@ def test_rerun_replaces_stale_wheels(wheel_set, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in wheel_set.iterdir())
 
 
+@pytest.mark.script
 def test_coverage_check_on_the_real_metadata(wheel_set):
     dists = [gw.read_dist(w) for w in sorted(wheel_set.glob("*.whl"))]
     assert {d.name for d in dists} == set(gw.PINS)
@@ -148,6 +151,7 @@ def test_the_set_check_refuses_a_set_over_16_mib(tmp_path):
         gw.check_set(over, "3.12")
 
 
+@pytest.mark.script
 def test_bad_python_version_is_refused_before_anything(tmp_path):
     out = tmp_path / "whl"
     run = build(out, "--python-version", "3.x")  # the script as a command: one line, exit 2, no folder

@@ -26,6 +26,8 @@ WINDOW = [sys.executable, str(ROOT / "reproduce" / "gpu_window.py")]
 sys.path.insert(0, str(ROOT / "reproduce"))
 import gpu_window  # noqa: E402
 
+pytestmark = pytest.mark.script  # scripts end to end (tests/README.md)
+
 PHASES = ["wheels", "facts", "checks", "op-build", "ceiling", "scenario", "end"]
 
 

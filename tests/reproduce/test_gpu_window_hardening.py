@@ -250,6 +250,7 @@ def test_close_gives_the_staging_arenas_page_locking_back_and_a_later_step_takes
 
 # ---- F4: the op build holds the scenario at most BUILD_WAIT_S; a stopped build leaves no lock --------------------
 
+@pytest.mark.script
 def test_a_build_still_running_after_its_wait_is_stopped_its_lock_removed_and_the_phase_cut(tmp_path, monkeypatch):
     extensions = tmp_path / "torch_extensions"
     lock = extensions / "py311_cpu" / "cpu_adam" / "lock"
@@ -385,6 +386,7 @@ def test_a_set_of_skipped_runs_publishes_with_the_windows_hardware_label(tmp_pat
 
 # ---- F7: a run child of a ref engine does not import DeepSpeed ------------------------------------------------------
 
+@pytest.mark.script
 def test_a_run_child_of_a_ref_engine_does_not_import_deepspeed(run_spec):
     """2-5 s per run child on the GPU host (gpu-audit-4 F7): the record still names DeepSpeed's version, from its
     installed metadata. The control: the window's facts capture (the default) does import it."""

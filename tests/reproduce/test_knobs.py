@@ -98,6 +98,7 @@ def _collect_bench(interval: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
+@pytest.mark.script
 def test_the_bench_measures_auto_under_names_of_its_own_and_refuses_a_bad_knob():
     ids = _collect_bench("auto").stdout
     assert "test_optimizer_step[zenflow-overlap-Uauto]" in ids

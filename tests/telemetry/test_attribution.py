@@ -215,6 +215,7 @@ def test_on_the_cpu_peak_memory_is_not_measured_and_says_why():
     assert peak["allocated_bytes"] is None and peak["reserved_bytes"] is None and "not measured" in peak["reason"]
 
 
+@pytest.mark.slow
 def test_a_run_record_names_its_attribution_protocol_and_its_parts_sum_to_the_period(run_spec, tmp_path):
     spec = run_spec("ref-zenflow", weight_decay=0.01, warmup_steps=1, timed_steps=4)  # the tiny workload
     record = run_in_subprocess(spec, tmp_path / "run.json")
@@ -231,6 +232,7 @@ def test_a_run_record_names_its_attribution_protocol_and_its_parts_sum_to_the_pe
         assert peak["allocated_bytes"] is None and peak["reason"]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_backward_tail_is_compute_and_peaks_are_measured():
     tl = StepTimeline()

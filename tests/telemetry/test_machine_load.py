@@ -32,6 +32,7 @@ def _outside_spinner() -> int:
     return int(out.strip())
 
 
+@pytest.mark.slow
 def test_a_busy_process_outside_the_tree_is_counted() -> None:
     pid = _outside_spinner()
     try:
@@ -49,6 +50,7 @@ def test_a_busy_process_outside_the_tree_is_counted() -> None:
     assert load["outside_cpu_fraction"] == pytest.approx(per_cpu_wall, rel=0.3), load
 
 
+@pytest.mark.slow
 def test_the_runs_own_children_are_not_counted() -> None:
     """Negative control of the test above: the same spinner as our child is our own work."""
     child = subprocess.Popen([sys.executable, "-c", SPIN])
@@ -62,6 +64,7 @@ def test_the_runs_own_children_are_not_counted() -> None:
     assert load["outside_cpu_s"] < 0.5, load
 
 
+@pytest.mark.slow
 def test_tree_ticks_include_reaped_children() -> None:
     before = ml.tree_ticks(os.getpid())
     subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 0.5\nwhile time.time() < end: pass"],

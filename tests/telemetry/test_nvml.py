@@ -56,6 +56,7 @@ def test_snapshot_reports_the_exact_nvml_error_without_a_driver():
     assert nvml_snapshot() == {"available": False, "reason": _nvml_error_here()}
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(_nvml_error_here() is not None, reason="no NVIDIA driver on this host")
 def test_sampler_on_a_gpu_host():
     with NvmlSampler(interval_s=0.01) as s:

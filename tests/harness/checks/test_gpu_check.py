@@ -49,6 +49,7 @@ def _command(out: Path, *args: str, env: dict[str, str] | None = None) -> subpro
                           capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
 
 
+@pytest.mark.script
 def test_smoke_runs_the_cpu_part_and_says_what_it_could_not_check(tmp_path):
     proc = _command(tmp_path, "--smoke")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -84,6 +85,7 @@ def test_smoke_runs_the_cpu_part_and_says_what_it_could_not_check(tmp_path):
     assert "## Negative controls (each must fail)" in table
 
 
+@pytest.mark.script
 @pytest.mark.parametrize("k", [1, 2])
 def test_a_kill_after_check_k_leaves_a_record_with_checks_1_to_k(tmp_path, k):
     """F3: the record and table are written atomically after every check, so SIGKILL (a command's time limit) after
@@ -129,6 +131,7 @@ def test_cuda_unusable_only_when_nvml_sees_gpus_and_torch_cannot_use_them():
     assert gc.cuda_unusable({"nvml": {"available": False, "reason": "x"}, "torch": {"cuda_available": False}}) is None
 
 
+@pytest.mark.script
 def test_checks_flag_runs_only_the_asked_checks_timed_and_says_the_rest_were_not_asked(tmp_path):
     """gpu-audit-3 §5.2: gpu_window.py runs checks 1-4 through a real flag (not a SIGKILL after check 4), and the
     record says how long each took (budgets are sized from it)."""

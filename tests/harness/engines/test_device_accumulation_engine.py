@@ -13,6 +13,8 @@ import pytest
 
 from zenflow.harness.runner import run_in_subprocess
 
+pytestmark = pytest.mark.slow  # every test starts a run child (tests/README.md)
+
 BLOCK = {"topk_ratio": 0.1, "update_interval": 4, "overlap_step": True, "full_warm_up_rounds": 0,
          "select_interval": 10**6}  # no reselection inside the timed window: only gradients and parameters move
 

@@ -8,6 +8,8 @@ import pytest
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, TINY_LLAMA_SHAPE
 from zenflow.harness.runner import run_in_subprocess
 
+pytestmark = pytest.mark.slow  # every test starts a run child (tests/README.md)
+
 
 @pytest.fixture
 def run(run_spec):

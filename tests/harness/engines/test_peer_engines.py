@@ -59,6 +59,7 @@ def test_zero_infinity_and_twin_flow_train_as_zero_offload_does(run, tmp_path: P
     assert infinity.config["zero_optimization"]["offload_param"]["device"] == "cpu"
 
 
+@pytest.mark.slow
 def test_fsdp2_cpu_offload_trains_as_plain_adamw_does(run, tmp_path: Path) -> None:
     """FSDP2 with CPUOffloadPolicy (parameters, gradients and AdamW on the host, fp32 master) is torch AdamW on
     the same model: the same losses (through gloo on the CPU here)."""
@@ -68,6 +69,7 @@ def test_fsdp2_cpu_offload_trains_as_plain_adamw_does(run, tmp_path: Path) -> No
     assert fsdp2.protocol["stall_includes_io"] is True
 
 
+@pytest.mark.slow
 def test_overlapped_offload_trains_as_zero_offload_does(run, tmp_path: Path) -> None:
     """ref-offload-overlap (host AdamW per parameter during backward, clipping 1.0 as configured) is ZeRO-Offload's
     AdamW with nothing late: ref-offload's losses step for step (fp32). Negative

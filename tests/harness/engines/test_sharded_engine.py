@@ -8,6 +8,8 @@ import pytest
 
 from zenflow.harness.runner import run_in_subprocess
 
+pytestmark = pytest.mark.slow  # every test starts a run child (tests/README.md)
+
 BLOCK = {"topk_ratio": 0.1, "update_interval": 2, "overlap_step": True, "full_warm_up_rounds": 1, "select_interval": 4}
 
 
