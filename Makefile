@@ -69,17 +69,16 @@ bench-compare: install
 reproduce-llama7b: install
 	$(PY) reproduce/llama7b.py $(if $(MODEL),--model $(MODEL)) $(if $(NPROC),--nproc $(NPROC)) $(ARGS)
 
-# GPU evidence in one command (docs/gpu-window.md): facts, gpu-check's four checks, the host ceiling and the
-# Llama-2-7B-layer scenario under one deadline (BUDGET seconds, default 540 for a 590 s command), packed after every
-# phase into $(OUT)/gpu-evidence.tar.gz. On a GPU host: make gpu-window VENV= OUT=DIR (or the bare python3 line of
+# GPU evidence in one command (docs/gpu-window.md): the phases of reproduce/gpu_window.py's PHASES (facts, checks,
+# the host ceiling, the Llama-2-7B-layer scenario, ...) under one deadline (BUDGET seconds, default 540 for a 590 s
+# command), packed after every phase into $(OUT)/gpu-evidence.tar.gz. On a GPU host: make gpu-window VENV= OUT=DIR (or the bare python3 line of
 # the docs, where there is no make). Here: make gpu-window ARGS=--publish=gpu-evidence.tar.gz files it in results/.
 .PHONY: gpu-window
 gpu-window: install
 	$(PY) reproduce/gpu_window.py $(if $(OUT),--out $(OUT)) $(if $(BUDGET),--budget-s $(BUDGET)) $(ARGS)
 
-# The GPU checks alone (≈3-6.5 min on one H100; with the host's own torch: make gpu-check VENV=): environment,
-# CUDA-vs-CPU differential, overlap memory vs its bound, NVML PCIe bytes vs ours, every engine on a small Llama ->
-# results/gpu-check/<hardware-id>/. Here: the CPU part, and what it could not check. ARGS=--smoke, --checks a,b.
+# The GPU checks alone (≈3-6.5 min on one H100; with the host's own torch: make gpu-check VENV=): the rows of
+# zenflow/harness/checks/gpu.py's CHECKS (docs/gpu-check.md) -> results/gpu-check/<hardware-id>/. Here: the CPU part, and what it could not check. ARGS=--smoke, --checks a,b.
 .PHONY: gpu-check
 gpu-check: install
 	$(PY) reproduce/gpu_check.py $(ARGS)

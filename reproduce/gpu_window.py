@@ -1,16 +1,11 @@
-"""GPU evidence in one command: facts, the four gpu-check checks, the host's ceiling and the Llama-2-7B-layer
-scenario under one deadline, packed after every phase into <out>/gpu-evidence.tar.gz (docs/gpu-window.md).
+"""GPU evidence in one command: the phases of PHASES (facts, gpu-check's checks, the host's ceiling, the
+Llama-2-7B-layer scenario, ...) under one deadline, packed after every phase into <out>/gpu-evidence.tar.gz
+(docs/gpu-window.md).
 
 A borrowed GPU host gives one command of at most 10 minutes, no network, no make, no venv, and back only a folder
 of at most 8 files. This command runs there with the host's own python, installs the wheels `make gpu-wheels` put
-in .whl/ into a temporary site when DeepSpeed is not importable, and spends its budget in order of value:
-
-    1 facts      nvidia-smi -q, pip list, cores, memory, /dev/shm, the commit (git, or $ZENFLOW_GIT_COMMIT)
-    2 op build   DeepSpeed's CPU Adam op, in the background on two cores from the start, timed (ds engines dropped
-                 if it fails, or if it is not done BUILD_WAIT_S after the checks: then the phase is "cut")
-    3 checks     gpu-check's environment, differential, memory and pcie checks, seconds per check
-    4 ceiling    the host's AdamW and accumulation rates (costmodel/host_ceiling.py)
-    5 scenario   Llama-2-7B layer shapes, ENGINES in order, each started only when its estimate fits the time left
+in .whl/ into a temporary site when DeepSpeed is not importable, and spends its budget in order of value: the rows
+of PHASES, in order, each timed and recorded in phases.json (docs/gpu-window.md says what each does).
 
     ZENFLOW_GIT_COMMIT=<sha> python3 reproduce/gpu_window.py --out $OUT            # on the GPU host (590 s command)
     python reproduce/gpu_window.py --publish gpu-evidence.tar.gz                   # here: into results/, claims
@@ -32,15 +27,17 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a bare script with the host's python
 
 from zenflow.harness.checks import arguments as cc  # noqa: E402
+from zenflow.harness.checks.gpu import CHECKS as GPU_CHECKS  # noqa: E402
 from zenflow.harness.checks.preflight import stale_build_locks, torch_extensions_dir  # noqa: E402
 from zenflow.harness.engines.registry import is_deepspeed  # noqa: E402
-from zenflow.harness.window import Window, WindowClosed  # noqa: E402
+from zenflow.harness.window import CUT, Phase, Window, WindowClosed  # noqa: E402
 from zenflow.telemetry.environment import git_commit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +54,7 @@ LAYERS = 4
 # the paper's comparison first; no-offload before ds-zenflow, the one most likely to hang (its spawned worker)
 ENGINES = ["ref-zenflow", "ref-offload", "ds-zero-offload", "no-offload", "ds-zenflow",
            "ref-offload-gas", "ds-zero-offload-gas", "ref-zenflow-da", "ref-offload-overlap", "no-offload-fp32"]
-CHECKS = "environment,differential,memory,pcie"  # gpu-check's engines on a small Llama: an H100 record exists
+CHECKS = ",".join(c.name for c in GPU_CHECKS if c.window)  # gpu-check's, as its rows say
 PROBE_DS = "import deepspeed, hjson, pydantic"  # the real imports, not find_spec (gpu-audit-3 B3)
 PROBE = PROBE_DS + ", mistral_common"  # all the set brings: the Llama tokenizer's file too (else: UTF-8 bytes)
 NEWER_IS_FINE = ("typing-extensions",)  # a backport: a newer one serves everything an older one does
@@ -66,7 +63,6 @@ OP_BUILD = ("from deepspeed.accelerator import get_accelerator; "
 SCENARIO_RESERVE_S = 15  # the scenario's table and figure after its last run, within the deadline
 CHECKS_MAX_S = 240  # the checks take 50-100 s on an H100 (estimated): a hung one must not eat the scenario
 BUILD_WAIT_S = 90  # after the checks, the op build may hold the scenario this much longer (it started before them)
-CUT = "cut"  # a phase stopped for time: the budget's doing, not a failure
 CUT_EXIT = 3  # the window's exit status when a phase was cut for time and none failed
 # The lent host's stated memory (128 GiB) less 10%: a microVM's RAM starts small and grows as it is used, so the
 # memory plan must not read MemAvailable at the start (the device documentation; gpu-audit-4 F1)
@@ -105,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# ---- the phases ---------------------------------------------------------------------------------------------------
+# ---- what the phases do -------------------------------------------------------------------------------------------
 def child_env(site: Path | None) -> dict[str, str]:
     """The children's environment: this checkout (and the wheels' site) first on the path, output unbuffered, no
     hub, DeepSpeed's op cache in the checkout."""
@@ -252,8 +248,61 @@ def scenario_name(args: argparse.Namespace) -> str:
     return "smoke" if args.rehearsal else f"llama2-7b-{args.layers}L"
 
 
+# ---- the table of phases ------------------------------------------------------------------------------------------
+@dataclass
+class State:
+    """What the phases share and set as they go: the children's environment, whether DeepSpeed is usable, the op
+    build running in the background, and the engines left for the scenario."""
+
+    args: argparse.Namespace
+    w: Window
+    scenario: Path
+    commit: str | None
+    env: dict[str, str] = field(default_factory=dict)
+    ds_ok: bool = False
+    build: subprocess.Popen | None = None
+    build_began: float = 0.0
+    engines: list[str] = field(default_factory=lambda: list(ENGINES))
+
+
+def wheels(s: State) -> None:
+    """The wheels' site when DeepSpeed does not import, the children's environment, and DeepSpeed's op build started
+    at once in the background, beside the facts and the checks."""
+    site, imports = install_wheels(s.w)
+    s.env = {**child_env(site), **({"ZENFLOW_GIT_COMMIT": s.commit} if s.commit else {})}
+    s.ds_ok = imports or probe(s.env, PROBE_DS) is None  # the wheels' probe said so: no third import (F4)
+    s.build = s.w.start([sys.executable, "-c", OP_BUILD], s.w.work / "op-build.log", {**s.env, "MAX_JOBS": "2"},
+                        two_cores) if s.ds_ok else None
+    s.build_began = time.monotonic()
+
+
+def op_build(s: State) -> None:
+    """The op build's end (wait_for_build); without it the ds engines leave the scenario's list."""
+    s.ds_ok = s.ds_ok and wait_for_build(s.w, s.build, s.build_began)
+    if not s.ds_ok:
+        s.w.say("DeepSpeed unusable here (see phases.json): its engines dropped: "
+                + " ".join(e for e in s.engines if is_deepspeed(e)))
+        s.engines = [e for e in s.engines if not is_deepspeed(e)]
+
+
+PHASES = (
+    # a failed install drops the ds engines (op_build says so): the window goes on, and does not fail for it
+    Phase("wheels", step=wheels, fails_window=False),
+    Phase("facts", step=lambda s: facts(s.w, s.env)),
+    Phase("checks", command=lambda s: checks_cmd(s.args, s.w), cap_s=CHECKS_MAX_S, ok=(0, 1),  # 1: a check failed
+          done=lambda s: _complete(s.w.work / "gpu-check" / "gpu-check.json"),
+          facts=lambda s, code: {"note": "exit 1: a check failed (see gpu-check/table.md)" if code == 1 else None}),
+    Phase("op-build", step=op_build),
+    Phase("ceiling", command=lambda s: ceiling_cmd(s.args, s.scenario), cap_s=60,
+          done=lambda s: (s.scenario / "host" / "rates.json").is_file()),
+    # no `done`: llama7b.py's own --resume keeps the finished runs
+    Phase("scenario", command=lambda s: scenario_cmd(s.args, s.scenario, s.engines, s.w.left() - SCENARIO_RESERVE_S),
+          watch=lambda s: s.scenario, facts=lambda s, code: {"engines": s.engines, **fixed_seconds(s.scenario)}),
+)
+
+
 def window(args: argparse.Namespace) -> int:
-    """The five phases under one deadline; 0 when every phase ran (runs cut for time are not a failure), CUT_EXIT
+    """Every phase under one deadline; 0 when every phase ran (runs cut for time are not a failure), CUT_EXIT
     when a phase was cut for time and none failed, 1 when one failed."""
     work = args.work
     if not args.resume and work.exists():
@@ -264,33 +313,9 @@ def window(args: argparse.Namespace) -> int:
                                                "rehearsal": args.rehearsal, "layers": args.layers})
     status = "ok"
     try:
-        site, imports = install_wheels(w)
-        env = {**child_env(site), **({"ZENFLOW_GIT_COMMIT": commit} if commit else {})}
-        ds_ok = imports or probe(env, PROBE_DS) is None  # the wheels' probe said so: no third import (F4)
-        build = w.start([sys.executable, "-c", OP_BUILD], w.work / "op-build.log", {**env, "MAX_JOBS": "2"},
-                        two_cores) if ds_ok else None  # at once: beside the facts and the checks
-        build_began = time.monotonic()
-        facts(w, env)
-        engines = list(ENGINES)
-        if not (args.resume and _complete(w.work / "gpu-check" / "gpu-check.json")):
-            began = time.monotonic()
-            code = w.run(checks_cmd(args, w), min(CHECKS_MAX_S, w.left()), env)
-            w.record("checks", time.monotonic() - began, outcome(code, ok=(0, 1)), exit=code,
-                     note="exit 1: a check failed (see gpu-check/table.md)" if code == 1 else None)
-        ds_ok = ds_ok and wait_for_build(w, build, build_began)
-        if not ds_ok:
-            w.say("DeepSpeed unusable here (see phases.json): its engines dropped: "
-                  + " ".join(e for e in engines if is_deepspeed(e)))
-            engines = [e for e in engines if not is_deepspeed(e)]
-        if not (args.resume and (scenario / "host" / "rates.json").is_file()):
-            began = time.monotonic()
-            code = w.run(ceiling_cmd(args, scenario), min(60, w.left()), env)
-            w.record("ceiling", time.monotonic() - began, outcome(code), exit=code)
-        began = time.monotonic()
-        code = w.run(scenario_cmd(args, scenario, engines, w.left() - SCENARIO_RESERVE_S), w.left(), env,
-                     watch=scenario)
-        w.record("scenario", time.monotonic() - began, outcome(code), exit=code, engines=engines,
-                 **fixed_seconds(scenario))
+        state = State(args, w, scenario, commit)
+        for phase in PHASES:
+            w.run_phase(phase, state, state.env, args.resume)
     except (WindowClosed, KeyboardInterrupt) as exc:  # SIGTERM (the device's limit), Ctrl-C
         status = f"stopped ({exc or 'Ctrl-C'})"
         return_code = 143 if isinstance(exc, WindowClosed) else 130
@@ -298,7 +323,8 @@ def window(args: argparse.Namespace) -> int:
         w.say("window failed:\n" + traceback.format_exc())
         status, return_code = "failed (traceback in run.log)", 1
     else:
-        return_code = exit_status([p["status"] for p in w.phases if p["phase"] != "wheels"])
+        counted = {p.name for p in PHASES if p.fails_window}
+        return_code = exit_status([p["status"] for p in w.phases if p["phase"] in counted])
     w.close(status)
     print(f"evidence: {args.out / 'gpu-evidence.tar.gz'} (+ run.log); publish it here with: python "
           f"reproduce/gpu_window.py --publish gpu-evidence.tar.gz", flush=True)
@@ -319,11 +345,6 @@ def fixed_seconds(scenario: Path) -> dict[str, Any]:
                 continue
     fixed = {name.removesuffix(".json"): round(s, 1) for name, s in found.items() if isinstance(s, (int, float))}
     return {"fixed_s_per_run": fixed, "fixed_s": round(sum(fixed.values()), 1)} if fixed else {}
-
-
-def outcome(code: int, ok: tuple[int, ...] = (0,)) -> str:
-    """A phase's status from its exit code: stopped for time (124, Window.run) is "cut", not a failure."""
-    return "ok" if code in ok else CUT if code == 124 else "failed"
 
 
 def exit_status(statuses: list[str]) -> int:

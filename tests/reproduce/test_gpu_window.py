@@ -26,9 +26,11 @@ WINDOW = [sys.executable, str(ROOT / "reproduce" / "gpu_window.py")]
 sys.path.insert(0, str(ROOT / "reproduce"))
 import gpu_window  # noqa: E402
 
+from zenflow.harness.checks.gpu import CHECKS  # noqa: E402
+
 pytestmark = pytest.mark.script  # scripts end to end (tests/README.md)
 
-PHASES = ["wheels", "facts", "checks", "op-build", "ceiling", "scenario", "end"]
+PHASES = [p.name for p in gpu_window.PHASES] + ["end"]  # as phases.json lists them: the table's, then the close
 
 
 def manifest(archive: Path) -> dict | None:
@@ -85,7 +87,8 @@ def test_the_rehearsal_runs_every_phase_and_the_deadline_cuts_the_engine_list(re
     for r in ran:  # budgets from measurement: each run's wall time and fixed cost
         assert r.metrics["wall_seconds"] > r.metrics["fixed_seconds"] > 0
     check = json.loads((work / "gpu-check" / "gpu-check.json").read_text())
-    assert all("seconds" in c for c in check["checks"][:4]) and "not asked" in check["checks"][4]["reason"]
+    for row, c in zip(CHECKS, check["checks"], strict=True):  # the window runs the checks its rows say
+        assert "seconds" in c if row.window else "not asked" in c["reason"], c
     assert (work / "facts" / "facts.json").is_file() and (work / "smoke" / "host" / "rates.json").is_file()
 
 
@@ -214,6 +217,16 @@ def test_the_scenario_phase_watches_its_folder_and_ends_its_runs_before_the_wind
     assert scenario["watch"] == tmp_path / "work" / "smoke"
     deadline_s = float(scenario["cmd"][scenario["cmd"].index("--deadline-s") + 1])
     assert deadline_s <= scenario["timeout_s"] - gpu_window.SCENARIO_RESERVE_S + 1  # +1: the flag is rounded
+
+
+def test_the_docs_list_the_phases_of_the_table_in_order():
+    """docs/gpu-window.md's table of phases names PHASES' rows, in their order: adding a phase is its row and its
+    line there."""
+    docs = (ROOT / "docs" / "gpu-window.md").read_text()
+    rows = re.findall(r"^\| ([a-z-]+) \|", docs, re.MULTILINE)
+    assert [r for r in rows if r != "phase"] == [p.name for p in gpu_window.PHASES]
+    checks = [c.name for c in CHECKS if c.window]
+    assert gpu_window.CHECKS == ",".join(checks) and checks and "engines" not in checks
 
 
 def test_bad_arguments_are_refused_in_one_line_before_anything_runs(tmp_path):

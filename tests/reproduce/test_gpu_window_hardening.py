@@ -18,7 +18,7 @@ from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, SHAPES
 from zenflow.harness.deadline import OUT_OF_TIME, RUN_FLOOR_S, RUN_SLACK, Deadline
 from zenflow.harness.records import RunRecord, read_records
 from zenflow.harness.session import RunSpec
-from zenflow.harness.window import Window, memory_now
+from zenflow.harness.window import CUT, Window, memory_now, outcome
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "reproduce"))
@@ -194,13 +194,13 @@ def test_the_differential_figure_marks_a_raised_row(tmp_path):
     import matplotlib.pyplot as plt
 
     from zenflow.harness.checks import differential as d
-    from zenflow.harness.checks.gpu import _differential_panel
+    from zenflow.harness.checks.render import differential_panel
 
     raised = d.crashed_row("ref-zenflow-da-overlap", ("cuda", "cpu"), 4, RuntimeError("boom"))
     ok = {"case": "ref-offload", "ok": True, "max_ratio": 0.5, "by_kind": {"column": {"max_ratio": 0.5}}, "steps": 4,
           "devices": "cuda vs cpu"}
     fig, ax = plt.subplots()
-    _differential_panel(ax, [ok, raised])
+    differential_panel(ax, [ok, raised])
     assert "raised" in [t.get_text() for t in ax.texts] and "0 (exactly equal)" not in [t.get_text() for t in ax.texts]
     plt.close(fig)
 
@@ -269,14 +269,15 @@ def test_a_build_still_running_after_its_wait_is_stopped_its_lock_removed_and_th
     finally:
         w.close("ok")
     phase = w.phases[0]
-    assert phase["phase"] == "op-build" and phase["status"] == gpu_window.CUT
+    assert phase["phase"] == "op-build" and phase["status"] == CUT
     assert phase["note"].startswith("op build not done in") and "ds engines dropped" in phase["note"]
     assert not lock.exists()  # the next window's build does not wait on it
 
 
 def test_a_phase_cut_for_time_is_not_a_failure_and_has_its_own_exit_status():
-    assert [gpu_window.outcome(c) for c in (0, 1, 124)] == ["ok", "failed", "cut"]
-    assert gpu_window.outcome(1, ok=(0, 1)) == "ok"  # the checks: exit 1 is a check that failed, reported
+    assert [outcome(c) for c in (0, 1, 124)] == ["ok", "failed", "cut"]
+    assert outcome(1, ok=(0, 1)) == "ok"  # the checks: exit 1 is a check that failed, reported
+    assert {p.name: p.ok for p in gpu_window.PHASES}["checks"] == (0, 1)  # the checks' row says so
     assert gpu_window.exit_status(["ok", "ok"]) == 0
     assert gpu_window.exit_status(["ok", "cut", "ok"]) == gpu_window.CUT_EXIT == 3
     assert gpu_window.exit_status(["cut", "failed"]) == 1
@@ -359,13 +360,13 @@ def test_a_second_window_is_refused_unless_replace_clears_the_first(tmp_path):
 def test_the_checks_table_is_made_here_not_copied(tmp_path):
     import json
 
-    from zenflow.harness.checks import gpu as gc
+    from zenflow.harness.checks import gpu
     from zenflow.reports.publish import publish_window
 
     into = tmp_path / "results"
     publish_window(_window_archive(tmp_path, "w", table="| made | by another tabulate |\n"), into)
     table = (into / "gpu-check" / "nvidia-h200-141gb" / "table.md").read_text()
-    assert table == gc.markdown(json.loads(H100_CHECKS.read_text())) and "another tabulate" not in table
+    assert table == gpu.markdown(json.loads(H100_CHECKS.read_text())) and "another tabulate" not in table
 
 
 def test_a_set_of_skipped_runs_publishes_with_the_windows_hardware_label(tmp_path):
@@ -514,8 +515,7 @@ def test_a_memory_run_or_a_pcie_window_that_raises_costs_its_own_verdict(monkeyp
     renders."""
     import torch
 
-    from zenflow.harness.checks import gpu as gc
-    from zenflow.harness.checks import memory, pcie
+    from zenflow.harness.checks import memory, pcie, render
 
     def peak(block, widths, steps, backpressure=True):
         if not backpressure:
@@ -541,7 +541,7 @@ def test_a_memory_run_or_a_pcie_window_that_raises_costs_its_own_verdict(monkeyp
     assert set(p["windows"]) == {first, second} and p["status"] == "fail"
     assert p["windows"][first]["reason"] == "raised RuntimeError: NVML read failed mid-window"
     assert p["windows"][second]["reason"] == p["windows"][first]["reason"]  # each window measured on its own
-    table = "\n".join(gc._pcie_section(p))
+    table = "\n".join(render.pcie_table(p))
     assert first in table and second in table
 
 

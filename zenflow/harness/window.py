@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,6 +29,13 @@ ARCHIVE = "gpu-evidence.tar.gz"
 LOG = "run.log"
 PHASES = "phases.json"
 TERM_GRACE_S = 20  # a child asked to stop (SIGTERM) gets this long to write its records, then SIGKILL
+TIMED_OUT = 124  # the exit status of a child stopped for time (Window.run), as timeout(1) says
+CUT = "cut"  # a phase stopped for time: the budget's doing, not a failure
+
+
+def outcome(code: int, ok: tuple[int, ...] = (0,)) -> str:
+    """A phase's status from its exit code: stopped for time (TIMED_OUT) is CUT, not a failure."""
+    return "ok" if code in ok else CUT if code == TIMED_OUT else "failed"
 
 
 def memory_now() -> dict[str, float | None]:
@@ -45,6 +53,26 @@ def memory_now() -> dict[str, float | None]:
 
 def _gib(n: int | None) -> float | None:
     return None if n is None else round(n / 2**30, 1)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One row of a window's table of phases (reproduce/gpu_window.py's PHASES), each callable given the window's
+    shared state: a child (`command`) that Window.phase times and records, or a `step` in this process that
+    records itself. `cap_s` bounds the child within the time left (None: all of it); `done` says, on --resume, that
+    an earlier window on this machine finished it; `ok` are the exit codes that are not a failure; `facts(state,
+    code)` adds to its entry in phases.json; `watch(state)` is a folder whose new run records pack the archive at
+    once; `fails_window`: its failure fails the window."""
+
+    name: str
+    command: Callable[[Any], list[str]] | None = None
+    step: Callable[[Any], object] | None = None
+    cap_s: float | None = None
+    done: Callable[[Any], bool] | None = None
+    ok: tuple[int, ...] = (0,)
+    facts: Callable[[Any, int], dict[str, Any]] | None = None
+    watch: Callable[[Any], Path] | None = None
+    fails_window: bool = True
 
 
 class WindowClosed(Exception):
@@ -88,6 +116,26 @@ class Window:
         os.replace(tmp, self.work / PHASES)
         self.pack()
 
+    def phase(self, name: str, cmd: list[str], timeout_s: float, env: dict[str, str] | None = None,
+              ok: tuple[int, ...] = (0,), watch: Path | None = None,
+              facts: Callable[[int], dict[str, Any]] | None = None) -> int:
+        """One phase run as a child (`run`), timed and recorded: its seconds, its status from its exit code
+        (`outcome`, `ok` the codes that are not a failure), the code, and `facts(code)`; the exit code."""
+        began = time.monotonic()
+        code = self.run(cmd, timeout_s, env, watch=watch)
+        self.record(name, time.monotonic() - began, outcome(code, ok), exit=code, **(facts(code) if facts else {}))
+        return code
+
+    def run_phase(self, phase: Phase, state: Any, env: dict[str, str] | None, resume: bool = False) -> None:
+        """A step, or a child with its cap (`phase`), unless `resume` and the phase is done already."""
+        if phase.step:
+            phase.step(state)
+        elif not (resume and phase.done and phase.done(state)):
+            cmd = phase.command(state)
+            cap = self.left() if phase.cap_s is None else min(phase.cap_s, self.left())
+            self.phase(phase.name, cmd, cap, env, ok=phase.ok, watch=phase.watch(state) if phase.watch else None,
+                       facts=(lambda code: phase.facts(state, code)) if phase.facts else None)
+
     def seconds_by_phase(self) -> str:
         """Each phase's seconds and status in one line (phases.json has them too)."""
         return ", ".join(f"{p['phase']} {p['seconds']:.0f} s" + ("" if p["status"] == "ok" else f" ({p['status']})")
@@ -106,7 +154,7 @@ class Window:
     def run(self, cmd: list[str], timeout_s: float, env: dict[str, str] | None = None,
             watch: Path | None = None, preexec: Callable[[], None] | None = None) -> int:
         """Run `cmd` with its output teed to the screen and the log; SIGTERM after `timeout_s` (then SIGKILL after
-        TERM_GRACE_S); the exit status (124 when stopped for time, as timeout(1) says). With `watch`, a new
+        TERM_GRACE_S); the exit status (TIMED_OUT when stopped for time). With `watch`, a new
         `*.json` under it (a run's record) packs the archive at once."""
         self.say("$ " + " ".join(cmd))
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -129,7 +177,7 @@ class Window:
             self.stop_child()
             self._child = None
             tee.join(timeout=5)
-        return 124 if timed_out else proc.returncode
+        return TIMED_OUT if timed_out else proc.returncode
 
     def start(self, cmd: list[str], log: Path, env: dict[str, str] | None = None,
               preexec: Callable[[], None] | None = None) -> subprocess.Popen:

@@ -17,7 +17,6 @@ import torch
 from zenflow import ZenFlowAdamW
 from zenflow import device_accumulation as da
 from zenflow.harness.checks import differential as d
-from zenflow.harness.checks import gpu as gc
 from zenflow.host import accumulate_into_
 
 STEPS = 24
@@ -25,13 +24,13 @@ WIDTHS = (96, 192, 192, 96)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: compares a GPU run with a CPU run")
-@pytest.mark.parametrize("case", list(gc.CASES))
+@pytest.mark.parametrize("case", list(d.CASES))
 def test_cuda_run_matches_the_cpu_run_within_tolerance(case):
-    block, clipping, accumulate_on = gc.CASES[case]
-    with gc.fp32_matmuls():
-        on_gpu = gc.train_case("cuda", block, clipping, STEPS, gc.CUDA_WIDTHS, accumulate_on=accumulate_on)
-        on_cpu = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, accumulate_on=accumulate_on)
-    result = gc.compare(on_cpu, on_gpu)
+    block, clipping, accumulate_on = d.CASES[case]
+    with d.fp32_matmuls():
+        on_gpu = d.train_case("cuda", block, clipping, STEPS, d.CUDA_WIDTHS, accumulate_on=accumulate_on)
+        on_cpu = d.train_case("cpu", block, clipping, STEPS, d.CUDA_WIDTHS, accumulate_on=accumulate_on)
+    result = d.compare(on_cpu, on_gpu)
     assert result["ok"], result
 
 
@@ -56,10 +55,10 @@ def test_the_zenflow_cases_reselect_several_times_and_clip(case, monkeypatch):
     """What the differential exercises must really happen, observed in the case's own run (train_run, GPU widths):
     reselections that move columns, several times, and clipping computed at every step. Where the case is there for
     device accumulation, the coefficient is below 1 at every step: at 1 an add that dropped it would not show."""
-    block, clipping, accumulate_on = gc.CASES[case]
+    block, clipping, accumulate_on = d.CASES[case]
     monkeypatch.setattr(d, "ZenFlowAdamW", Recorded)
     monkeypatch.setattr(Recorded, "made", [])
-    run = d.train_run("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, accumulate_on=accumulate_on)
+    run = d.train_run("cpu", block, clipping, STEPS, d.CUDA_WIDTHS, accumulate_on=accumulate_on)
     (opt,) = Recorded.made
     assert opt.accumulate_on == accumulate_on and opt.config.overlap_step == (case != "ref-zenflow-sync")
     assert opt.selections >= 4 and run.columns_moved > 0  # the first selection and at least 3 reselections
@@ -68,33 +67,33 @@ def test_the_zenflow_cases_reselect_several_times_and_clip(case, monkeypatch):
         assert max(opt.coefficients) < 0.5, opt.coefficients
 
 
-@pytest.mark.parametrize("case", list(gc.CASES))
+@pytest.mark.parametrize("case", list(d.CASES))
 def test_two_cpu_runs_are_bit_identical(case):
-    block, clipping, accumulate_on = gc.CASES[case]
-    a = gc.train_case("cpu", block, clipping, STEPS, WIDTHS, accumulate_on=accumulate_on)
-    b = gc.train_case("cpu", block, clipping, STEPS, WIDTHS, accumulate_on=accumulate_on)
-    result = gc.compare(a, b)
+    block, clipping, accumulate_on = d.CASES[case]
+    a = d.train_case("cpu", block, clipping, STEPS, WIDTHS, accumulate_on=accumulate_on)
+    b = d.train_case("cpu", block, clipping, STEPS, WIDTHS, accumulate_on=accumulate_on)
+    result = d.compare(a, b)
     assert result["ok"] and result["max_abs"] == 0.0 and result["elements_outside"] == 0
 
 
 def test_a_run_on_one_different_batch_is_flagged():
-    block, clipping, _ = gc.CASES["ref-zenflow-overlap"]
-    batches = gc.make_batches(WIDTHS, STEPS, seed=0)
-    ref = gc.train_case("cpu", block, clipping, STEPS, WIDTHS, batches=batches)
-    batches[10] = gc.make_batches(WIDTHS, 1, seed=99)[0]
-    other = gc.train_case("cpu", block, clipping, STEPS, WIDTHS, batches=batches)
-    result = gc.compare(ref, other)
+    block, clipping, _ = d.CASES["ref-zenflow-overlap"]
+    batches = d.make_batches(WIDTHS, STEPS, seed=0)
+    ref = d.train_case("cpu", block, clipping, STEPS, WIDTHS, batches=batches)
+    batches[10] = d.make_batches(WIDTHS, 1, seed=99)[0]
+    other = d.train_case("cpu", block, clipping, STEPS, WIDTHS, batches=batches)
+    result = d.compare(ref, other)
     assert not result["ok"] and result["elements_outside"] > 0 and result["max_ratio"] > 1
 
 
 def test_rows_overwritten_once_like_a_stream_race_are_flagged():
     """What audit item 1 predicts a race does: ~100 rows of a weight get another weight's values at one step."""
-    block, clipping, _ = gc.CASES["ref-offload"]
-    ref = gc.train_case("cpu", block, clipping, STEPS, WIDTHS)
-    model = gc.SmallNet(WIDTHS, seed=0)
-    opt = ZenFlowAdamW(model.parameters(), zenflow=copy.deepcopy(block), gradient_clipping=clipping, **gc.DIFF_HYPER)
+    block, clipping, _ = d.CASES["ref-offload"]
+    ref = d.train_case("cpu", block, clipping, STEPS, WIDTHS)
+    model = d.SmallNet(WIDTHS, seed=0)
+    opt = ZenFlowAdamW(model.parameters(), zenflow=copy.deepcopy(block), gradient_clipping=clipping, **d.DIFF_HYPER)
     losses = []
-    for i, (x, y) in enumerate(gc.make_batches(WIDTHS, STEPS, seed=0)):
+    for i, (x, y) in enumerate(d.make_batches(WIDTHS, STEPS, seed=0)):
         loss = (model(x) - y).pow(2).mean()
         loss.backward()
         opt.step()
@@ -105,7 +104,7 @@ def test_rows_overwritten_once_like_a_stream_race_are_flagged():
                 model.net[3].weight[:8].copy_(model.net[3].weight[8:16])
     opt.close()
     raced = {n: p.detach().clone() for n, p in model.named_parameters()} | {"<losses>": torch.stack(losses)}
-    result = gc.compare(ref, raced)
+    result = d.compare(ref, raced)
     # ref-offload uploads every column from the host master at the next step, which repairs the weight; what stays
     # is the one step trained on wrong weights, still an order of magnitude above the tolerance
     assert not result["ok"] and result["max_ratio"] > 10
@@ -116,18 +115,18 @@ def test_rounding_level_noise_stays_well_inside_the_tolerance(case):
     """The CPU twin of what separates a GPU run from a CPU run: every input and target perturbed by ~16 ulp (more
     than a different summation order gives) on the GPU-sized model. It must stay far inside the tolerance, or the
     differential would flag hardware instead of bugs (the device-accumulation case clips every step)."""
-    block, clipping, accumulate_on = gc.CASES[case]
+    block, clipping, accumulate_on = d.CASES[case]
     gen = torch.Generator().manual_seed(5)
 
     def ulps(t: torch.Tensor) -> torch.Tensor:
         return t * (1 + 16 * 2**-23 * torch.randn(t.shape, generator=gen))
 
-    batches = gc.make_batches(gc.CUDA_WIDTHS, STEPS, seed=0)
-    ref = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, batches=batches, accumulate_on=accumulate_on)
-    noisy = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, batches=[(ulps(x), ulps(y))
+    batches = d.make_batches(d.CUDA_WIDTHS, STEPS, seed=0)
+    ref = d.train_case("cpu", block, clipping, STEPS, d.CUDA_WIDTHS, batches=batches, accumulate_on=accumulate_on)
+    noisy = d.train_case("cpu", block, clipping, STEPS, d.CUDA_WIDTHS, batches=[(ulps(x), ulps(y))
                                                                                    for x, y in batches],
                           accumulate_on=accumulate_on)
-    result = gc.compare(ref, noisy)
+    result = d.compare(ref, noisy)
     assert 0 < result["max_abs"] and result["max_ratio"] < 0.25, result
 
 
@@ -135,12 +134,12 @@ def test_compare_uses_the_stated_tolerance_and_rejects_nan():
     ref = {"w": torch.tensor([1.0, -2.0, 0.0])}
     inside = {"w": ref["w"] + torch.tensor([0.5e-4, 1.9e-4, 0.9e-5])}  # atol 1e-5 + rtol 1e-4 * |ref|
     outside = {"w": ref["w"] + torch.tensor([0.0, 0.0, 1.1e-5])}
-    assert gc.compare(ref, inside)["ok"]
-    bad = gc.compare(ref, outside)
+    assert d.compare(ref, inside)["ok"]
+    bad = d.compare(ref, outside)
     assert not bad["ok"] and bad["elements_outside"] == 1 and bad["worst"] == "w"
-    assert not gc.compare(ref, {"w": torch.tensor([1.0, float("nan"), 0.0])})["ok"]
+    assert not d.compare(ref, {"w": torch.tensor([1.0, float("nan"), 0.0])})["ok"]
     with pytest.raises(ValueError, match="different tensors"):
-        gc.compare(ref, {"v": ref["w"]})
+        d.compare(ref, {"v": ref["w"]})
 
 
 # ---- device accumulation's CUDA add, on the CPU (no CPU-device run reaches it) -------------------------------------
@@ -161,11 +160,11 @@ def test_the_device_accumulation_case_through_the_cuda_add_trains_what_the_cpu_d
     """The GPU check's device-accumulation case on the CPU, with every add made by add_on_device_ (the CUDA path's
     arithmetic) instead of the CPU device's accumulate_into_: within the differential's tolerance of the CPU run.
     Its clipping coefficient is below 1 at every step, so a coefficient dropped in the CUDA add is far outside."""
-    block, clipping, accumulate_on = gc.CASES["ref-zenflow-da-overlap"]
+    block, clipping, accumulate_on = d.CASES["ref-zenflow-da-overlap"]
     assert accumulate_on == "device"
-    with gc.fp32_matmuls():
-        on_cpu = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, accumulate_on=accumulate_on)
+    with d.fp32_matmuls():
+        on_cpu = d.train_case("cpu", block, clipping, STEPS, d.CUDA_WIDTHS, accumulate_on=accumulate_on)
         with mock.patch.object(da, "accumulate_into_", da.add_on_device_):  # _add_'s CPU branch, rerouted
-            through_cuda_add = gc.train_case("cpu", block, clipping, STEPS, gc.CUDA_WIDTHS, accumulate_on=accumulate_on)
-    result = gc.compare(on_cpu, through_cuda_add)
+            through_cuda_add = d.train_case("cpu", block, clipping, STEPS, d.CUDA_WIDTHS, accumulate_on=accumulate_on)
+    result = d.compare(on_cpu, through_cuda_add)
     assert result["ok"], result

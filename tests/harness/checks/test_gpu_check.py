@@ -24,9 +24,11 @@ import pytest
 import torch
 
 from zenflow.harness.checks import differential as diffmod
-from zenflow.harness.checks import gpu as gc
+from zenflow.harness.checks import gpu, render
 from zenflow.harness.checks import pcie as pc
-from zenflow.harness.checks.differential import Trained
+from zenflow.harness.checks.differential import CASES, Trained
+from zenflow.harness.checks.memory import memory_verdict
+from zenflow.harness.checks.verdict import check, guarded, pending, verdict
 from zenflow.telemetry import environment
 from zenflow.telemetry.nvml import NvmlSampler, nvml_snapshot, pci_bus_id
 
@@ -56,13 +58,13 @@ def test_smoke_runs_the_cpu_part_and_says_what_it_could_not_check(tmp_path):
     record = json.loads((tmp_path / "gpu-check.json").read_text())
     assert (tmp_path / "table.md").exists() and (tmp_path / "figure.png").stat().st_size > 0
     checks = {c["name"]: c for c in record["checks"]}
-    assert list(checks) == list(gc.CHECK_NAMES)
-    assert record["schema"] == gc.SCHEMA and record["mode"] == "smoke" and record["complete"] is True
+    assert list(checks) == list(gpu.CHECK_NAMES)
+    assert record["schema"] == gpu.SCHEMA and record["mode"] == "smoke" and record["complete"] is True
     assert checks["engines"]["status"] == "pass"
     assert all(c["seconds"] >= 0 for c in record["checks"])  # each check's time, for budgets
     assert {r["engine"]: r["status"] for r in record["engines"]} == {"ref-offload": "ok", "ref-zenflow": "ok"}
     assert all(r["compute_ms"] is not None and r["stall_ms"] is not None for r in record["engines"])
-    assert [r["case"] for r in record["differential"]] == [*gc.CASES, "ref-zenflow-stress"]
+    assert [r["case"] for r in record["differential"]] == [*CASES, "ref-zenflow-stress"]
     for row in record["differential"]:  # F10: the maxima by kind, and what each device's run did
         assert set(row["by_kind"]) == {"column", "dense", "losses"}
         assert row["host_updates"][0] == row["host_updates"][1] > 0
@@ -94,22 +96,22 @@ def test_a_kill_after_check_k_leaves_a_record_with_checks_1_to_k(tmp_path, k):
     assert proc.returncode == -signal.SIGKILL, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads((tmp_path / "gpu-check.json").read_text())
     statuses = [c["status"] for c in record["checks"]]
-    assert "not run" not in statuses[:k] and statuses[k:] == ["not run"] * (len(gc.CHECK_NAMES) - k)
-    assert record["complete"] is False and [c["name"] for c in record["checks"]] == list(gc.CHECK_NAMES)
+    assert "not run" not in statuses[:k] and statuses[k:] == ["not run"] * (len(gpu.CHECK_NAMES) - k)
+    assert record["complete"] is False and [c["name"] for c in record["checks"]] == list(gpu.CHECK_NAMES)
     assert bool(record["differential"]) == (k >= 2)  # the finished check's rows are in the record too
     table = (tmp_path / "table.md").read_text()
-    assert f"**Incomplete record**: {k} of {len(gc.CHECK_NAMES)} checks finished" in table
+    assert f"**Incomplete record**: {k} of {len(gpu.CHECK_NAMES)} checks finished" in table
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu-check.json", "table.md"]  # no temporary left
 
 
 def test_the_engines_check_saves_the_record_after_every_run(tmp_path, monkeypatch):
     from zenflow.harness.records import RunRecord
 
-    monkeypatch.setattr(gc, "run_in_subprocess", lambda spec, path, timeout_s: RunRecord(
+    monkeypatch.setattr(gpu, "run_in_subprocess", lambda spec, path, timeout_s: RunRecord(
         engine=spec.engine, status="ok", summary={"cycle_mean_ms": 1.0}))
     seen = []
-    plan = gc.engine_plan(False, True)
-    res, rows = gc.run_engines(plan, tmp_path, False, on_row=lambda r: seen.append(len(r)))
+    plan = gpu.engine_plan(False, True)
+    res, rows = gpu.run_engines(plan, tmp_path, False, on_row=lambda r: seen.append(len(r)))
     assert res["status"] == "pass" and seen == [1, 2] and len(rows) == 2
 
 
@@ -117,7 +119,7 @@ def test_nvml_gpus_without_cuda_in_torch_stop_with_exit_2(monkeypatch, tmp_path,
     env = {"hardware_id": "cpu-scale-x-2c", "torch": {"version": "2.13.0+cpu", "cuda": None, "cuda_available": False},
            "nvml": {"available": True, "driver": "555.42.06", "devices": [{"name": "NVIDIA H100 80GB HBM3"}] * 2}}
     monkeypatch.setattr(cli, "capture_environment", lambda: env)
-    monkeypatch.setattr(cli.gc, "differential_check", lambda *a, **k: pytest.fail("ran past the fail-fast"))
+    monkeypatch.setattr(gpu, "differential_check", lambda *a, **k: pytest.fail("ran past the fail-fast"))
     assert cli.main(["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "NVML sees 2 GPU(s) (NVIDIA H100 80GB HBM3, driver 555.42.06)" in err and "cannot use CUDA" in err
@@ -126,9 +128,9 @@ def test_nvml_gpus_without_cuda_in_torch_stop_with_exit_2(monkeypatch, tmp_path,
 
 def test_cuda_unusable_only_when_nvml_sees_gpus_and_torch_cannot_use_them():
     gpus = {"available": True, "devices": [{"name": "A"}], "driver": "1"}
-    assert gc.cuda_unusable({"nvml": gpus, "torch": {"cuda_available": False}})
-    assert gc.cuda_unusable({"nvml": gpus, "torch": {"cuda_available": True}}) is None
-    assert gc.cuda_unusable({"nvml": {"available": False, "reason": "x"}, "torch": {"cuda_available": False}}) is None
+    assert gpu.cuda_unusable({"nvml": gpus, "torch": {"cuda_available": False}})
+    assert gpu.cuda_unusable({"nvml": gpus, "torch": {"cuda_available": True}}) is None
+    assert gpu.cuda_unusable({"nvml": {"available": False, "reason": "x"}, "torch": {"cuda_available": False}}) is None
 
 
 @pytest.mark.script
@@ -144,7 +146,7 @@ def test_checks_flag_runs_only_the_asked_checks_timed_and_says_the_rest_were_not
     record = json.loads((tmp_path / "gpu-check.json").read_text())
     checks = {c["name"]: c for c in record["checks"]}
     assert record["complete"] is True and checks["environment"]["seconds"] >= 0
-    for name in gc.CHECK_NAMES[1:]:
+    for name in (n for n in gpu.CHECK_NAMES if n != "environment"):
         assert checks[name]["status"] == "not checked" and "not asked" in checks[name]["reason"], checks[name]
         assert "seconds" not in checks[name]
     assert re.search(r"\| check +\| status +\| seconds +\| reason", (tmp_path / "table.md").read_text())
@@ -158,16 +160,16 @@ def test_the_engines_run_without_the_llama_tokenizer_packages(tmp_path, monkeypa
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("mistral_common", "sentencepiece") else real(name, *a))
-    monkeypatch.setattr(gc, "run_in_subprocess", lambda spec, path, timeout_s: RunRecord(
+    monkeypatch.setattr(gpu, "run_in_subprocess", lambda spec, path, timeout_s: RunRecord(
         engine=spec.engine, status="ok", summary={"cycle_mean_ms": 1.0}))
-    res, rows = gc.run_engines(gc.engine_plan(False, True), tmp_path, False)
+    res, rows = gpu.run_engines(gpu.engine_plan(False, True), tmp_path, False)
     assert res["status"] == "pass" and [r["status"] for r in rows] == ["ok", "ok"]
 
 
 def test_a_check_that_raises_becomes_a_failed_check():
-    res = gc.guarded("memory", lambda: 1 / 0)
+    res = guarded("memory", lambda: 1 / 0)
     assert res["status"] == "fail" and "ZeroDivisionError" in res["reason"] and "Traceback" in res["traceback"]
-    assert gc.guarded("memory", lambda x: x, 3) == 3
+    assert guarded("memory", lambda x: x, 3) == 3
 
 
 # NVML bytes per payload byte of plain copies (pcie_check.link_overhead), in the spirit of the first H100's
@@ -196,12 +198,12 @@ def test_a_gpu_record_renders_its_memory_pcie_controls_and_engine_tables_and_fig
                 "compute_ms": 25.0, "io_ms": 1.0, "stall_ms": 4.0, "stall_includes_io": False, "error": None}]
     ref = {"w": torch.ones(3, 2), "b": torch.ones(3), "<losses>": torch.ones(4)}
     run = lambda t: Trained(t, 8, 120)  # noqa: E731
-    diff = [diffmod.case_row(c, ("cuda", "cpu"), 24, run(ref), run(ref | {"w": ref["w"] + 1e-6})) for c in gc.CASES]
-    memory = gc.memory_verdict(2**30, 2**30 + 2**20, 2**21, 2**30 + 2**23, steps=12, metric="active_bytes.all.peak")
+    diff = [diffmod.case_row(c, ("cuda", "cpu"), 24, run(ref), run(ref | {"w": ref["w"] + 1e-6})) for c in CASES]
+    memory = memory_verdict(2**30, 2**30 + 2**20, 2**21, 2**30 + 2**23, steps=12, metric="active_bytes.all.peak")
     record = {"environment": env, "differential": diff, "engines": engines, "complete": True,
-              "checks": [gc.check("environment", "pass"), diffmod.differential_verdict(diff, []), memory, pcie,
-                         gc.check("engines", "pass", "not installed: ['ds-zenflow']", scale="gpu")]}
-    text = gc.markdown(record)
+              "checks": [check("environment", "pass"), diffmod.differential_verdict(diff, []), memory, pcie,
+                         check("engines", "pass", "not installed: ['ds-zenflow']", scale="gpu")]}
+    text = gpu.markdown(record)
     rows = [re.sub(r"\s*\|\s*", "|", line) for line in text.splitlines()]
     assert "|1024.0|1025.0|1.0|2.0|8.0|pass|" in rows  # sync, overlap, extra, bound, no-backpressure extra MiB
     assert "|ref-offload|d2h|1000|1180|1180|1.180|1.100|0|pass|" in rows
@@ -216,22 +218,36 @@ def test_a_gpu_record_renders_its_memory_pcie_controls_and_engine_tables_and_fig
     assert "|ref-zenflow|h512x8|ok|30.0|25.0|1.0|4.0||" in rows
     assert "|ds-zenflow|h512x8|not installed|—|—|—|—|not installed|" in rows
     assert "cuda:0 NVIDIA H100 80GB HBM3 PCIe gen 5/5 x16/16" in text
-    gc.figure(record, tmp_path / "f.png")
+    # the sections in the checks' order, the controls after the last check that has any, before the engine runs
+    titles = [line for line in text.splitlines() if line.startswith("## ")]
+    assert titles == ["## Differential", "## Device memory (overlap vs sync)", "## PCIe bytes (NVML vs the optimizer)",
+                      "## Negative controls (each must fail)", "## Engines"]
+    render.figure(record, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 0
 
 
+def test_every_check_is_one_row_and_the_record_and_docs_follow_the_rows():
+    """Adding a check is one CHECKS row: the record's rows keys and the checks' order come from the rows, and
+    docs/gpu-check.md has a paragraph for each."""
+    record = gpu.new_record("smoke", False, {}, {})
+    assert [c["name"] for c in record["checks"]] == [c.name for c in gpu.CHECKS] == list(gpu.CHECK_NAMES)
+    assert {c.rows for c in gpu.CHECKS if c.rows} <= set(record) and len(set(gpu.CHECK_NAMES)) == len(gpu.CHECKS)
+    docs = (ROOT / "docs" / "gpu-check.md").read_text()
+    assert [name for name in gpu.CHECK_NAMES if f"**{name}**" not in docs] == []
+
+
 def test_verdict_fails_only_on_a_failed_check():
-    assert gc.verdict([gc.check("a", "pass"), gc.check("b", "not checked", "no CUDA")]) == 0
-    assert gc.verdict([gc.check("a", "pass"), gc.check("b", "fail", "off")]) == 1
-    assert gc.verdict([gc.check("a", "pass"), gc.pending("b")]) == 0
+    assert verdict([check("a", "pass"), check("b", "not checked", "no CUDA")]) == 0
+    assert verdict([check("a", "pass"), check("b", "fail", "off")]) == 1
+    assert verdict([check("a", "pass"), pending("b")]) == 0
 
 
 def test_writes_are_atomic(tmp_path, monkeypatch):
     path = tmp_path / "r.json"
-    gc.write_json(path, {"a": 1})
+    gpu.write_json(path, {"a": 1})
     monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):
-        gc.write_json(path, {"a": 2})
+        gpu.write_json(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
     assert path.stat().st_mode & 0o777 == 0o644
 
@@ -311,7 +327,7 @@ def test_torch_without_cuda_makes_a_cpu_hardware_id_even_with_gpus_on_the_host()
     env = {"cpu": {"model": "AMD EPYC 7763", "allowed_cores": 16}, "nvml": snap,
            "torch": {"cuda_available": False, "cuda_devices": []}}
     assert environment.hardware_id(env) == "cpu-scale-amd-epyc-7763-16c"
-    assert gc.cuda_unusable(env)
+    assert gpu.cuda_unusable(env)
 
 
 def test_sampler_samples_only_the_runs_gpus():
