@@ -23,6 +23,7 @@ STEPS = 24
 WIDTHS = (96, 192, 192, 96)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: compares a GPU run with a CPU run")
 @pytest.mark.parametrize("case", list(d.CASES))
 def test_cuda_run_matches_the_cpu_run_within_tolerance(case):
