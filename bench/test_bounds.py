@@ -73,7 +73,7 @@ def _part(name: str, opt: ZenFlowAdamW, weight: torch.Tensor) -> tuple[Callable[
         groups = host_groups(opt.param_groups, opt.state)
         return lambda: host_adamw_(groups, 0), lambda: part.counts.__setitem__(0, 1)
     if name == "parameter-upload":
-        return lambda: upload_(params, opt.state, link, opt.dp), lambda: setattr(part, "staged", True)
+        return lambda: upload_(params, opt.state, link, opt.ranks), lambda: setattr(part, "staged", True)
     if name == "device-accumulate":
         return lambda: accumulate_on_device_(params, opt.state, link, None), None
     if name == "ship":

@@ -47,7 +47,7 @@ class Checkpointed(Protocol):
     state: dict[torch.Tensor, ParamState]
     config: ZenFlowConfig
     clock: Clock
-    dp: Ranks
+    ranks: Ranks
     worker: HostWorker
     arena: StagingArena
     auto_history: list[MassReport]
@@ -77,7 +77,8 @@ def pack(opt: Checkpointed) -> dict[str, Any]:
     return {"format": FORMAT, "state": state, "param_groups": groups,
             "zenflow": {"config": dataclasses.asdict(opt.config), **clock,
                         "auto_history": [r.to_state(opt.worker.result) for r in opt.auto_history],
-                        "pending_upload": opt.pending is not None, "rank": opt.dp.rank, "world_size": opt.dp.world}}
+                        "pending_upload": opt.pending is not None, "rank": opt.ranks.rank,
+                        "world_size": opt.ranks.world}}
 
 
 def unpack(opt: Checkpointed, sd: dict[str, Any]) -> None:
@@ -140,7 +141,7 @@ def _check_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
 def _check_ranks(opt: Checkpointed, z: dict[str, Any]) -> None:
     """A rank's state holds its block of the host columns: it loads only into the same rank of the same world."""
     saved = (z.get("rank", 0), z.get("world_size", 1))
-    mine = (opt.dp.rank, opt.dp.world)
+    mine = (opt.ranks.rank, opt.ranks.world)
     if saved != mine:
         raise ConfigError(f"state_dict of rank {saved[0]} of {saved[1]} cannot load into rank {mine[0]} of {mine[1]}: "
                           "resume with the same world size, each rank its own file; or convert it with "

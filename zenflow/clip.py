@@ -25,7 +25,7 @@ class Clip:
     host: torch.Tensor | None = None    # fp32 scalar on the host: multiplies what the host part accumulates
 
 
-def check_gradients(params: list[torch.Tensor], state: dict, dp: Ranks, observers: Observers, skip_nonfinite: bool,
+def check_gradients(params: list[torch.Tensor], state: dict, ranks: Ranks, observers: Observers, skip_nonfinite: bool,
                     max_norm: float) -> tuple[bool, Clip]:
     """(whether the step's gradient is finite, the clipping coefficients). Without `skip_nonfinite` nothing is read:
     (True, no clipping)."""
@@ -33,7 +33,7 @@ def check_gradients(params: list[torch.Tensor], state: dict, dp: Ranks, observer
         return True, Clip()
     if not any(p.grad is not None for p in params):
         return True, Clip()
-    total = dp.total_norm(params, state)
+    total = ranks.total_norm(params, state)
     with observers.blocking("clip_sync"):
         total_value = total.item()  # device->host sync point (the step's only one)
     finite = math.isfinite(total_value)

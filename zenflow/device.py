@@ -80,7 +80,7 @@ def start_offload(params: list[torch.Tensor], state: dict, link: Link, turn: int
     return copies
 
 
-def upload_(params: list[torch.Tensor], state: dict, link: Link, dp: Ranks) -> list[torch.cuda.Event]:
+def upload_(params: list[torch.Tensor], state: dict, link: Link, ranks: Ranks) -> list[torch.cuda.Event]:
     """Host-owned columns with a staged update go back to the device in the model dtype; with data parallelism
     every rank then gets the columns the other ranks' hosts updated. Whole rows: the shadows went up with them, so
     the selected columns are written again from the device's masters (they are what the device holds). Returns the
@@ -97,7 +97,7 @@ def upload_(params: list[torch.Tensor], state: dict, link: Link, dp: Ranks) -> l
         if done is not None:
             events.append(done)
         shared.append((as_columns(p), st))
-    dp.share_blocks_([w for w, _ in shared])
+    ranks.share_blocks_([w for w, _ in shared])
     for weight, st in shared:  # every rank: another rank's block may have brought shadows this one has none of
         if st.host.whole_rows and st.sel.numel():
             weight.index_copy_(1, st.sel, st.d_master.to(weight.dtype))  # the device's own values, exactly

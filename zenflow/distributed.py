@@ -275,7 +275,7 @@ class DataParallel(Collectives):
 
 
 class Ranks(Protocol):
-    """What the optimizer holds as `dp`, decided once at construction: a SingleProcess, a DataParallel, or FSDP2's
+    """What the optimizer holds as `ranks`, decided once at construction: a SingleProcess, a DataParallel, or FSDP2's
     zenflow.fsdp.Sharded. Each step calls every method on every rank, in the same order."""
 
     rank: int

@@ -79,8 +79,8 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         self.arena = StagingArena(self.link)  # every host part's staging buffers: one allocation
         # how ranks share the work, decided once: FSDP2's row shards (fsdp.py) when the parameters are its DTensors,
         # else data parallelism (distributed.py) over the default group when initialized, else a SingleProcess
-        self.dp = ranks_for(self._params(), process_group, self.observers)
-        self.dp.broadcast_from_first_(self._params())  # every rank starts from rank 0's weights
+        self.ranks = ranks_for(self._params(), process_group, self.observers)
+        self.ranks.broadcast_from_first_(self._params())  # every rank starts from rank 0's weights
         self.clock = Clock()
         self.worker = HostWorker(self.config.pt_reserved_cores_perc, self.observers)
         # host or device accumulation, decided here once: it owns every step's difference (device_accumulation.py)
@@ -140,7 +140,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         (`requires_grad_(True)`) after construction. Without it they would never be updated."""
         new = [p for p in self._params() if not self.state.get(p)]
         if new:
-            self.dp.broadcast_from_first_(new)
+            self.ranks.broadcast_from_first_(new)
         for p in new:
             self._init_state(p)
         if new and self.t >= self.config.full_warm_up_rounds:
@@ -152,7 +152,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
             self.state[p] = DenseState.new(rows)
             return
         width = as_columns(rows).shape[1]
-        mine = self.dp.owned(torch.arange(width), width)  # this host's columns: every one, or this rank's block
+        mine = self.ranks.owned(torch.arange(width), width)  # this host's columns: every one, or this rank's block
         overlap = self.config.overlap_step  # two accumulators: the worker reads one while steps fill the other
         self.state[p] = ColumnState.new(rows, mine, n_accumulators=2 if overlap else 1,
                                         n_staging=self.accumulation.n_staging,  # device accumulation: none
@@ -186,10 +186,10 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
                 loss = closure()
         self.worker.check()  # a failed background job raises here, never hangs
         self._adopt_new_params()  # unfrozen since the last step
-        v = self.dp.view(self.param_groups, self.state)  # the tensors this rank updates (FSDP2: its rows)
+        v = self.ranks.view(self.param_groups, self.state)  # the tensors this rank updates (FSDP2: its rows)
         params = v.params()
-        self.dp.average_gradients_(params, v.state)  # collectives: every rank, every step
-        usable, self.clip = check_gradients(params, v.state, self.dp, self.observers, self.skip_nonfinite,
+        self.ranks.average_gradients_(params, v.state)  # collectives: every rank, every step
+        usable, self.clip = check_gradients(params, v.state, self.ranks, self.observers, self.skip_nonfinite,
                                             self.gradient_clipping)
         if not usable:
             self.clock.skipped_steps += 1  # overflow: skipped on both parts, nothing accumulated
@@ -200,7 +200,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
                 self.drain()  # the host part must be current before columns change owner
                 with self.observers.blocking("reselect"):
                     hypers = {id(p): AdamWHyper.of(g) for g in v.groups for p in g["params"]}
-                    reselect(params, v.state, self.config, self.link, self.dp, hypers)
+                    reselect(params, v.state, self.config, self.link, self.ranks, hypers)
                 self.clock.selections += 1
                 self.observers.decided("selection")
             self.clock.select_next = False
@@ -239,9 +239,9 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         if report is not None:
             report.accumulated = result  # the worker's list of masses, the future of it, or the device's masses
             # each rank accumulates its block: the mass of the whole is summed when it is read
-            report.combine = functools.partial(self.dp.whole_rms, numels)
+            report.combine = functools.partial(self.ranks.whole_rms, numels)
             # FSDP2: each rank holds its rows of the selected columns too (data parallelism: all of them, averaged)
-            report.combine_selected = self.dp.selected_rms(report.selected_numels)
+            report.combine_selected = self.ranks.selected_rms(report.selected_numels)
             self.auto_history.append(report)
 
     def _boundary(self, v: StepView, overlap: bool) -> None:
@@ -275,7 +275,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
 
     def _upload(self, v: StepView) -> None:
         # CUDA: the next host job must not overwrite a staging buffer still being read by these copies
-        self._upload_events = upload_(v.params(), v.state, self.link, self.dp)
+        self._upload_events = upload_(v.params(), v.state, self.link, self.ranks)
 
     def settle(self) -> None:
         """Nothing may read or write a staging buffer any more: the worker's jobs and the last upload's copies are
@@ -292,7 +292,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
 
         Call it before evaluating or saving the model; reselection calls it too.
         """
-        v = self.dp.view(self.param_groups, self.state)
+        v = self.ranks.view(self.param_groups, self.state)
         if self.pending is not None:
             self._finish_pending(v)
         self.worker.quiesce()  # accumulations still queued on the worker

@@ -23,7 +23,7 @@ from zenflow.selection import as_columns, num_selected, select_columns
 from zenflow.state import ColumnState, offloads
 
 
-def reselect(params: list[torch.Tensor], state: dict, config: ZenFlowConfig, link: Link, dp: Ranks,
+def reselect(params: list[torch.Tensor], state: dict, config: ZenFlowConfig, link: Link, ranks: Ranks,
              hypers: dict[int, AdamWHyper]) -> None:
     """Rank every column param that has a gradient and give its top-k columns to the device (`hypers`: each
     parameter's group's, by id)."""
@@ -33,17 +33,17 @@ def reselect(params: list[torch.Tensor], state: dict, config: ZenFlowConfig, lin
             grad = as_columns(p.grad)
             k = num_selected(grad.shape[1], config.topk_ratio)
             ranked = 0 < k < grad.shape[1]  # none or every column: no scores needed
-            scores = dp.column_scores(grad, config.column_norm) if ranked else None
+            scores = ranks.column_scores(grad, config.column_norm) if ranked else None
             new_sel = select_columns(grad, k, config.column_norm, scores)
-            dp.share_entering_gradients_(grad, new_sel, st.sel)  # their averaged gradient is on their owner only
-            move_columns(st, new_sel, as_columns(p), link, hypers[id(p)], dp)
+            ranks.share_entering_gradients_(grad, new_sel, st.sel)  # their averaged gradient is on their owner only
+            move_columns(st, new_sel, as_columns(p), link, hypers[id(p)], ranks)
 
 
 def move_columns(st: ColumnState, new_sel: torch.Tensor, weight: torch.Tensor, link: Link, hp: AdamWHyper,
-                 dp: Ranks) -> None:
+                 ranks: Ranks) -> None:
     """Hand the columns that change owner (fp32 values and moments) to their new side; keep the rest.
 
-    With data parallelism (`dp`) every rank holds the device side and its own block of the host side: a column
+    With data parallelism (`ranks`) every rank holds the device side and its own block of the host side: a column
     leaving the device goes to the host of the rank that owns it; a column arriving on the device comes from its
     owner's host to every rank (assembled: one rank fills each column). `weight` is the parameter as `[out, in]`."""
     part = st.host
@@ -55,11 +55,11 @@ def move_columns(st: ColumnState, new_sel: torch.Tensor, weight: torch.Tensor, l
         return  # nobody changes owner: nothing moves
     if old_sel.numel() == 0:
         st.d_step = part.step  # first selection: the device continues the host's count
-    block = dp.owned(torch.arange(width), width)  # this host's columns: every one, or this rank's block
+    block = ranks.owned(torch.arange(width), width)  # this host's columns: every one, or this rank's block
     new_host_cols = host_columns(block, new_sel, part.whole_rows)  # whole rows: the block, shadows and all
     layout = dict(whole_rows=part.whole_rows, shadow=shadow_positions(new_host_cols, new_sel))
     if part.built:
-        new_device = _move_built(st, part, old_sel, new_sel, new_host_cols, link, hp, dp, layout)
+        new_device = _move_built(st, part, old_sel, new_sel, new_host_cols, link, hp, ranks, layout)
     elif old_sel.numel() == 0:  # never built: the device's columns come from the weight, the host keeps none
         master = weight.index_select(1, new_sel.to(device)).float()  # a fresh tensor, exact for any model dtype
         new_device = dict(master=master, exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
@@ -73,7 +73,7 @@ def move_columns(st: ColumnState, new_sel: torch.Tensor, weight: torch.Tensor, l
 
 
 def _move_built(st: ColumnState, part: HostColumns, old_sel: torch.Tensor, new_sel: torch.Tensor,
-                new_host_cols: torch.Tensor, link: Link, hp: AdamWHyper, dp: Ranks, layout: dict) -> dict:
+                new_host_cols: torch.Tensor, link: Link, hp: AdamWHyper, ranks: Ranks, layout: dict) -> dict:
     """Move between a built host part and the device; the new host part replaces the old one (its staging is carved
     at the next step), one parameter at a time. Returns the new device buffers. Whole rows: a column leaving the
     device overwrites its shadow; one entering it is read from the host, where it was no shadow."""
@@ -81,7 +81,7 @@ def _move_built(st: ColumnState, part: HostColumns, old_sel: torch.Tensor, new_s
     on_device = _positions(old_sel, width)  # column -> position in the device buffers, or -1
     on_host = _positions(part.cols, width)  # column -> position in this host's buffers, or -1
     leaving = old_sel[~torch.isin(old_sel, new_sel)]  # device -> host
-    leaving = dp.owned(leaving, width)  # ... of this rank
+    leaving = ranks.owned(leaving, width)  # ... of this rank
     entering = new_sel[on_device[new_sel] < 0]  # host -> device
     host_state = dict(master=part.master, exp_avg=part.exp_avg, exp_avg_sq=part.exp_avg_sq)
     new_host, new_device = {}, {}
@@ -89,7 +89,7 @@ def _move_built(st: ColumnState, part: HostColumns, old_sel: torch.Tensor, new_s
         kind = "master" if name == "master" else "moments"
         on_device_buffer = getattr(st, f"d_{name}")
         moved_down = _fetch(link, on_device_buffer.index_select(1, on_device[leaving].to(device)), kind)
-        moved_up = dp.columns_from_owners(host, entering, width, on_host)  # every rank needs them
+        moved_up = ranks.columns_from_owners(host, entering, width, on_host)  # every rank needs them
         if name != "master":  # keep bias-corrected moments exact across the move
             beta = hp.beta1 if name == "exp_avg" else hp.beta2
             rebase_moment_(moved_down, beta, st.d_step, part.step)

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from zenflow.checkpoint import FORMAT, Checkpointed, unpack
 from zenflow.config import ConfigError
-from zenflow.distributed import DataParallel
+from zenflow.distributed import DataParallel, Ranks
 from zenflow.fsdp import local_of
 from zenflow.selection import complement
 
@@ -46,7 +46,7 @@ class ShardedState:
     """A DCP Stateful over a ZenFlowAdamW (one process, or FSDP2's ranks)."""
 
     def __init__(self, opt: Checkpointed) -> None:
-        if isinstance(opt.dp, DataParallel):
+        if isinstance(opt.ranks, DataParallel):
             raise ConfigError("ShardedState is not allowed with ZenFlowAdamW's own data parallelism: expected FSDP2's "
                               "sharded parameters or one process (save opt.state_dict() per rank instead)")
         self.opt = opt
@@ -60,8 +60,8 @@ class ShardedState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         params = [p for g in self.opt.param_groups for p in g["params"]]
-        state = {int(i): _gather(entry, params[int(i)], self.opt.dp) for i, entry in state_dict["state"].items()}
-        zenflow = {**state_dict["zenflow"], "rank": self.opt.dp.rank, "world_size": self.opt.dp.world}
+        state = {int(i): _gather(entry, params[int(i)], self.opt.ranks) for i, entry in state_dict["state"].items()}
+        zenflow = {**state_dict["zenflow"], "rank": self.opt.ranks.rank, "world_size": self.opt.ranks.world}
         unpack(self.opt, {"format": FORMAT, "state": state, "param_groups": state_dict["param_groups"],
                           "zenflow": zenflow})
 
@@ -122,7 +122,7 @@ def host_mesh(mesh: DeviceMesh) -> DeviceMesh:
 
 
 # ---- whole-width rows -> this rank's entry (checkpoint.unpack) ------------------------------------------------------
-def _gather(saved: dict[str, Any], p: torch.Tensor, dp: object) -> dict[str, Any]:
+def _gather(saved: dict[str, Any], p: torch.Tensor, ranks: Ranks) -> dict[str, Any]:
     if "selected" not in saved:  # dense
         master = local_of(saved["master"]) if "master" in saved else None
         return {"master": master, **{name: local_of(saved[name]) for name in MOMENTS}, "step": saved["step"]}
@@ -135,7 +135,7 @@ def _gather(saved: dict[str, Any], p: torch.Tensor, dp: object) -> dict[str, Any
     master = local_of(saved["master"])
     width = master.shape[1]
     sel = torch.tensor(saved["selected"], dtype=torch.long)
-    cols = dp.owned(complement(sel, width), width)
+    cols = ranks.owned(complement(sel, width), width)
     moments = {name: local_of(saved[name]) for name in MOMENTS}
     built = saved["host_built"]
     entry = {"sel": sel.to(device), "unsel": cols.to(device), "d_step": saved["d_step"],

@@ -207,4 +207,4 @@ def test_sharded_state_refuses_zenflows_own_data_parallelism() -> None:
     """Audit 4 CK4: data parallelism keeps its per-rank state dicts; ShardedState would save this rank's column block
     as whole-width tensors."""
     with pytest.raises(ConfigError, match="not allowed with ZenFlowAdamW's own data parallelism"):
-        ShardedState(SimpleNamespace(dp=DataParallel.__new__(DataParallel)))
+        ShardedState(SimpleNamespace(ranks=DataParallel.__new__(DataParallel)))

@@ -63,8 +63,8 @@ def main() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     mesh = init_device_mesh("cpu", (1,))
     model = sharded_linear(mesh)
-    chosen = (isinstance(ZenFlowAdamW(model.parameters()).dp, OneShard)
-              and type(ZenFlowAdamW(torch.nn.Linear(6, 4).parameters()).dp) is SingleProcess)
+    chosen = (isinstance(ZenFlowAdamW(model.parameters()).ranks, OneShard)
+              and type(ZenFlowAdamW(torch.nn.Linear(6, 4).parameters()).ranks) is SingleProcess)
     local = local_of(model.weight)
     print(f"choice\t{chosen and all(map(is_dtensor, model.parameters())) and not is_dtensor(local)}"
           f" {tuple(local.shape)}")
