@@ -66,6 +66,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         # "device" (an fp32 sum crosses once per interval; device_accumulation.py); ours, not a DeepSpeed field
         self.accumulate_on = check_accumulate_on(accumulate_on)
         host_layout = check_host_layout(host_layout)
+        self._built = False  # torch's __init__ adds the first groups itself, before the state below exists
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.device = check_params(self.param_groups)
         # which columns a host part spans, decided once: the unselected ones (CUDA) or whole rows with the selected
@@ -93,6 +94,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
             self._init_state(param)
         if self.config.overlap_step:
             self.worker.start()  # last: binds cores once, so the whole run computes with the same threads
+        self._built = True
 
     @classmethod
     def from_deepspeed_config(cls, params: Iterable, config: str | Path | dict[str, Any], *,
@@ -131,7 +133,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
         now (host part pending), their columns start on the host like everyone's before a first selection and are
         ranked at the next one. With data parallelism every rank adds the same group."""
         super().add_param_group(param_group)
-        if hasattr(self, "link"):  # after construction (torch's __init__ adds the first groups itself)
+        if self._built:
             self.device = check_params(self.param_groups)
             self._adopt_new_params()
 
