@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import torch
 
@@ -38,6 +38,39 @@ HOST_TENSORS = ("master", "exp_avg", "exp_avg_sq", "cols")
 HOST_BLOCKS = ("host_master", "host_exp_avg", "host_exp_avg_sq")  # [out, n_host] each (None: not built yet)
 DEVICE_TENSORS = ("sel", "unsel", "d_master", "d_exp_avg", "d_exp_avg_sq")
 DENSE_TENSORS = ("master", "exp_avg", "exp_avg_sq")
+
+
+class ColumnEntry(TypedDict):
+    """One column-split weight's saved state (pack; sharded_checkpoint rearranges the same keys into rows)."""
+
+    sel: torch.Tensor  # the selected columns (device part), as indices
+    unsel: torch.Tensor  # the host part's columns, on the device
+    d_master: torch.Tensor  # [out, k] each: the device part's fp32 master and moments
+    d_exp_avg: torch.Tensor
+    d_exp_avg_sq: torch.Tensor
+    d_step: int
+    host_master: torch.Tensor | None  # [out, n_host] each; None: the host part is not built yet
+    host_exp_avg: torch.Tensor | None
+    host_exp_avg_sq: torch.Tensor | None
+    host_cols: torch.Tensor  # the host part's columns (this rank's block with data parallelism)
+    host_accumulators: list[torch.Tensor]  # the interval's partial sums, one per slot, whichever side sums
+    host_counts: list[int]
+    host_step: int
+    host_staged: bool
+    width: int  # the weight's whole width (a rank holds only its block of the host columns)
+    host_rows: int
+
+
+class DenseEntry(TypedDict):
+    """A parameter updated whole on the device (biases, norms, anything that is not a weight matrix)."""
+
+    master: torch.Tensor | None
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    step: int
+
+
+Entry = ColumnEntry | DenseEntry  # state_dict()["state"][i]
 
 
 class Checkpointed(Protocol):
@@ -118,7 +151,7 @@ def unpack(opt: Checkpointed, sd: dict[str, Any]) -> None:
         opt.pending = done  # the result is in the host state; the next boundary uploads it
 
 
-def _check_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
+def _check_entry(p: torch.Tensor, st: ParamState, entry: Entry) -> None:
     p = local_of(p)  # FSDP2: this rank's rows
     if isinstance(st, ColumnState) != ("host_master" in entry):
         raise ConfigError(f"state_dict entry for a parameter of shape {tuple(p.shape)} is of the wrong kind "
@@ -148,7 +181,7 @@ def _check_ranks(opt: Checkpointed, z: dict[str, Any]) -> None:
                           "zenflow.checkpoint.consolidate (W ranks -> one process) and shard (one process -> W ranks)")
 
 
-def _restore_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
+def _restore_entry(p: torch.Tensor, st: ParamState, entry: Entry) -> None:
     p = local_of(p)  # FSDP2: this rank's rows
     if not isinstance(st, ColumnState):
         for name in DENSE_TENSORS:
@@ -178,7 +211,7 @@ def _restore_entry(p: torch.Tensor, st: ParamState, entry: dict) -> None:
         _widen_(st, block=part.cols)
 
 
-def _without_shadows(entry: dict, part: HostColumns) -> dict:
+def _without_shadows(entry: ColumnEntry, part: HostColumns) -> dict:
     """A whole-rows part's host tensors without its shadows: what a compact part of the same state holds."""
     if part.shadow.numel() == 0:
         return {}

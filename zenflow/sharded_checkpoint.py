@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from zenflow.checkpoint import FORMAT, Checkpointed, unpack
+from zenflow.checkpoint import FORMAT, Checkpointed, Entry, unpack
 from zenflow.config import ConfigError
 from zenflow.distributed import DataParallel, Ranks
 from zenflow.fsdp import local_of
@@ -67,7 +67,7 @@ class ShardedState:
 
 
 # ---- one rank's entry (checkpoint.pack) -> whole-width rows ---------------------------------------------------------
-def _spread(entry: dict[str, Any], p: torch.Tensor) -> dict[str, Any]:
+def _spread(entry: Entry, p: torch.Tensor) -> dict[str, Any]:
     if "host_master" not in entry:  # dense: the moments are this rank's rows already
         out = {name: _rows(entry[name], p, p.shape) for name in ("master", *MOMENTS) if entry[name] is not None}
         return out | {"step": entry["step"]}
@@ -122,7 +122,7 @@ def host_mesh(mesh: DeviceMesh) -> DeviceMesh:
 
 
 # ---- whole-width rows -> this rank's entry (checkpoint.unpack) ------------------------------------------------------
-def _gather(saved: dict[str, Any], p: torch.Tensor, ranks: Ranks) -> dict[str, Any]:
+def _gather(saved: dict[str, Any], p: torch.Tensor, ranks: Ranks) -> Entry:
     if "selected" not in saved:  # dense
         master = local_of(saved["master"]) if "master" in saved else None
         return {"master": master, **{name: local_of(saved[name]) for name in MOMENTS}, "step": saved["step"]}
