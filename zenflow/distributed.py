@@ -26,11 +26,9 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from zenflow.hooks import Observers
+from zenflow.hooks import NET, Observers
 from zenflow.selection import as_columns, column_scores
 from zenflow.state import ColumnState, StepView
-
-NET = "net"  # the direction of transfers between ranks, in the optimizer's byte counters
 
 
 def owner_of(cols: torch.Tensor, width: int, world: int) -> torch.Tensor:

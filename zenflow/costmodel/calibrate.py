@@ -50,6 +50,7 @@ from zenflow.adam import AdamWHyper, adamw_
 from zenflow.costmodel.model import CostModelError
 from zenflow.costmodel.presets import load_calibration
 from zenflow.costmodel.validate import utc_now
+from zenflow.harness.atomic import write_text_atomic
 from zenflow.harness.checks.arguments import int_at_least
 from zenflow.harness.configs import TINY_LLAMA_SHAPE
 from zenflow.harness.engines.build import deepspeed_config
@@ -344,12 +345,9 @@ def _calibration_record(value: str) -> dict[str, Any]:
 def keep_or_refuse(record: dict[str, Any], out: Path, force: bool = False) -> int:
     """Write the record to `out` (0), or, when its largest spread exceeds its bound and not `force`, to
     `calibration.refused.json` beside it, leaving `out` as it was (1)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     refused = record["largest_spread"] > record["spread_bound"] and not force
     path = out.with_name("calibration.refused.json") if refused else out
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    tmp.replace(path)  # never a half-written record
+    write_text_atomic(path, json.dumps(record, indent=1, default=str) + "\n")  # never a half-written record
     if refused:
         print(f"calibration refused: spread {record['largest_spread']:.1%} at {record['largest_spread_at']} over "
               f"{record['rounds']} rounds exceeds {record['spread_bound']:.0%}; {conditions(record)}; {out} is "

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from zenflow.adam import AdamWHyper, adamw_
+from zenflow.harness.atomic import write_text_atomic
 from zenflow.telemetry.environment import capture_environment
 
 SCHEMA = "costmodel-host-adam/1"
@@ -117,10 +118,7 @@ def main(argv: list[str] | None = None) -> int:
               "threads": threads, "rounds": args.rounds, "steps": args.steps, "kernels": kernels,
               "command": " ".join(["python -m zenflow.costmodel.host_adam",
                                    *(argv if argv is not None else sys.argv[1:])])}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(out)
+    write_text_atomic(out, json.dumps(record, indent=1) + "\n")
     for name, by_threads in kernels.items():
         rates = ", ".join(f"{n} thread(s) {v['gelem_s']:.3f}" for n, v in by_threads.items() if isinstance(v, dict))
         print(f"{name}: {rates or by_threads.get('unavailable')} G elements/s")

@@ -44,6 +44,7 @@ import torch
 
 from zenflow.adam import AdamWHyper, adamw_
 from zenflow.config import ZenFlowConfig
+from zenflow.harness.atomic import write_text_atomic
 from zenflow.harness.tables import markdown
 from zenflow.host import accumulate_into_
 from zenflow.telemetry.environment import capture_environment
@@ -218,10 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                      bound_numel=max(args.numel, 4096) if args.numel else BOUND_NUMEL)
     record["environment"] = {k: capture_environment().get(k) for k in ("hardware_id", "cpu")}
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1) + "\n")
-        tmp.replace(args.out)
+        write_text_atomic(args.out, json.dumps(record, indent=1) + "\n")
     print(table(record))
     return 0
 

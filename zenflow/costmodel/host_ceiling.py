@@ -30,6 +30,7 @@ import torch
 
 from zenflow.config import ZenFlowConfig
 from zenflow.costmodel.host_adam import measure as measure_adamw
+from zenflow.harness.atomic import write_text_atomic
 from zenflow.host import add_upcast_
 from zenflow.worker import reserved_cores
 
@@ -107,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"argument --numel: {args.numel} is not allowed: expected an integer >= 4096")
     out = args.out / FILE
     record = measure(args.numel)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(out)  # whole or not at all
+    write_text_atomic(out, json.dumps(record, indent=1) + "\n")  # whole or not at all
     print(json.dumps(record))
     return 0
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import tarfile
 import time
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from zenflow.harness.atomic import write_atomic
 
 SCHEMA = "gpu-evidence/1"
 MANIFEST = "MANIFEST.json"
@@ -35,7 +36,7 @@ def _sha256(data: bytes) -> str:
 
 def _files(folder: Path) -> list[Path]:
     """Every plain file under `folder` but temporaries of atomic writes in progress: `*.tmp`, and the hidden
-    `.name.XXXX` of tables.write_atomic (no file the window keeps is hidden; a hidden folder, `.partial/`, is kept)."""
+    `.name.XXXX` of atomic.write_atomic (no file the window keeps is hidden; a hidden folder, `.partial/`, is kept)."""
     return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".tmp")
                   and not p.name.startswith("."))
 
@@ -43,22 +44,31 @@ def _files(folder: Path) -> list[Path]:
 def pack(folder: Path, archive: Path, info: dict[str, Any]) -> dict[str, Any]:
     """Write `folder` (as its own name, at the archive's top) and a manifest (`info` plus every file's size and hash)
     to `archive`, atomically; the manifest."""
-    tmp = archive.with_name(f".{archive.name}.tmp")
+    manifest: dict[str, Any] = {}
+
+    def write(f: BinaryIO) -> None:  # atomic.py's temporary file: a pack killed midway leaves the old archive whole
+        with tarfile.open(fileobj=f, mode="w:gz", compresslevel=6) as tar:
+            manifest.update(_pack_into(tar, folder, info))
+
+    write_atomic(archive, write, mode="wb")
+    return manifest
+
+
+def _pack_into(tar: tarfile.TarFile, folder: Path, info: dict[str, Any]) -> dict[str, Any]:
+    """Every file of `folder` into `tar`, then the manifest (its last member); the manifest."""
     files: dict[str, dict[str, Any]] = {}
-    with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
-        for path in _files(folder):
-            try:
-                data = path.read_bytes()  # read once: what is hashed is what is packed, even if it changes later
-            except OSError:  # removed while packing (a staged record moving into place): the next pack has it
-                continue
-            name = f"{folder.name}/{path.relative_to(folder).as_posix()}"
-            files[name] = {"bytes": len(data), "sha256": _sha256(data)}
-            _add(tar, name, data)
-        manifest = {"schema": SCHEMA, "folder": folder.name, "packed_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                         time.gmtime()),
-                    **info, "files": files}
-        _add(tar, MANIFEST, json.dumps(manifest, indent=1, default=str).encode())
-    os.replace(tmp, archive)
+    for path in _files(folder):
+        try:
+            data = path.read_bytes()  # read once: what is hashed is what is packed, even if it changes later
+        except OSError:  # removed while packing (a staged record moving into place): the next pack has it
+            continue
+        name = f"{folder.name}/{path.relative_to(folder).as_posix()}"
+        files[name] = {"bytes": len(data), "sha256": _sha256(data)}
+        _add(tar, name, data)
+    manifest = {"schema": SCHEMA, "folder": folder.name, "packed_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                     time.gmtime()),
+                **info, "files": files}
+    _add(tar, MANIFEST, json.dumps(manifest, indent=1, default=str).encode())
     return manifest
 
 

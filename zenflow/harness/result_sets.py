@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from zenflow.harness.atomic import write_text_atomic
 from zenflow.harness.records import RunRecord
 
 PARTIAL = ".partial"
@@ -138,6 +139,4 @@ class StagedPlan:
                  f"Continue: {self.command} --resume (ok records of the same runs are kept, the rest rerun).",
                  f"Failed ({len(failed)}): {', '.join(failed) or '-'}",
                  f"Not run ({len(missing) - len(failed)}): {', '.join(n for n in missing if n not in failed) or '-'}"]
-        tmp = self.stage / f".{MARKER}.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        os.replace(tmp, self.stage / MARKER)  # readers see the old marker or the new one
+        write_text_atomic(self.stage / MARKER, "\n".join(lines) + "\n")  # readers see the old marker or the new one

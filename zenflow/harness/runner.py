@@ -29,6 +29,9 @@ from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.records import RunRecord, skip_error
 from zenflow.harness.session import RunSpec, Session, failed_record
 
+# How the record of a run stopped by Ctrl-C (or SIGTERM, which plans.py turns into one) starts: publish leaves it out
+INTERRUPTED = "interrupted"
+
 
 def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -> RunRecord:
     """Run `spec` in a child interpreter; always returns a complete record (ok, failed, or skipped when a DeepSpeed
@@ -67,7 +70,7 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
         failed_record(spec, f"{code}: stopped (SIGTERM, then SIGKILL after a grace period)\n{child_error}",
                 stderr_tail).write(out)
     except KeyboardInterrupt:
-        failed_record(spec, "interrupted (KeyboardInterrupt)", stderr_tail).write(out)
+        failed_record(spec, f"{INTERRUPTED} (KeyboardInterrupt)", stderr_tail).write(out)
         raise
     finally:
         Path(f.name).unlink(missing_ok=True)

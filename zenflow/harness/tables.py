@@ -1,5 +1,5 @@
-"""Table helpers every report shares: number format, Markdown, CSV, atomic writes, the figure backend and how a
-figure is saved.
+"""Table helpers every report shares: number format, Markdown, CSV, atomic writes (from atomic.py), the figure
+backend and how a figure is saved.
 
 One copy of each, so that every committed table and figure is written the same way
 (tests/reports/test_committed_tables.py regenerates them byte for byte). Reports (zenflow/reports/) read records and
@@ -9,15 +9,17 @@ rows; these helpers only format and write.
 from __future__ import annotations
 
 import csv
-import json
 import numbers
-import os
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
+
+# The atomic writes live in atomic.py (standard library only, for the GPU window); the reports take them from here.
+from zenflow.harness.atomic import write_atomic as write_atomic
+from zenflow.harness.atomic import write_json_atomic as write_json_atomic
+from zenflow.harness.atomic import write_text_atomic as write_text_atomic
 
 MISSING = "—"  # the cell of a value that is not there (not run, not measured)
 FIGURE_DPI = 130  # every report figure's resolution
@@ -72,35 +74,6 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
 
     with open(path, newline="") as f:
         return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-def write_atomic(path: Path, write: Callable[[Any], None], mode: str = "w", newline: str | None = None) -> Path:
-    """Atomic: a reader (or a command killed mid-write) sees the old file or the whole new one: `write(f)` fills a
-    temporary file in the same folder (opened in `mode`, "wb" for bytes; `newline` as open() takes it), flushed to
-    disk, renamed over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, newline=newline) as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would keep the file from its readers
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    return write_atomic(path, lambda f: f.write(text))
-
-
-def write_json_atomic(path: Path, data: Any, default: Callable[[Any], Any] = str) -> Path:
-    """`data` as JSON (indent 1, the records' layout), atomically."""
-    return write_atomic(path, lambda f: json.dump(data, f, indent=1, default=default))
 
 
 def pyplot() -> Any:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from zenflow.harness import evidence
+from zenflow.harness.atomic import copy_atomic, write_text_atomic
 
 ARCHIVE = "gpu-evidence.tar.gz"
 LOG = "run.log"
@@ -111,9 +112,7 @@ class Window:
         """One phase's outcome in phases.json (rewritten whole, atomically), then a fresh archive."""
         self.phases.append({"phase": phase, "started_s": round(self.elapsed() - seconds, 1),
                             "seconds": round(seconds, 1), "status": status, **facts, "memory": memory_now()})
-        tmp = self.work / f".{PHASES}.tmp"
-        tmp.write_text(json.dumps(self.phases, indent=1, default=str) + "\n")
-        os.replace(tmp, self.work / PHASES)
+        write_text_atomic(self.work / PHASES, json.dumps(self.phases, indent=1, default=str) + "\n")
         self.pack()
 
     def phase(self, name: str, cmd: list[str], timeout_s: float, env: dict[str, str] | None = None,
@@ -147,8 +146,7 @@ class Window:
         evidence.pack(self.work, self.out / ARCHIVE, {**self.info, "phases_ok": done,
                                                       "elapsed_s": round(self.elapsed(), 1)})
         self.log.flush()
-        shutil.copyfile(self.work / LOG, self.out / f".{LOG}.tmp")
-        os.replace(self.out / f".{LOG}.tmp", self.out / LOG)
+        copy_atomic(self.work / LOG, self.out / LOG)
 
     # ---- children ---------------------------------------------------------------------------------------------
     def run(self, cmd: list[str], timeout_s: float, env: dict[str, str] | None = None,

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zenflow.harness.deadline import OUT_OF_TIME
 from zenflow.harness.tables import compact_markdown, read_csv
 from zenflow.reports.intervals import ratio_cell, row_interval
 
@@ -47,7 +48,7 @@ def gpu_row(folder: Path, root: Path) -> list[str]:
     stall = f"−{zf['stall_reduction'] * 100:.0f}%" if zf.get("stall_reduction") is not None else "—"
     measured = lambda r: f"{r['bytes_ratio']:.3f}×" if r.get("bytes_ratio") else "—"  # noqa: E731
     ran = sum(1 for r in rows.values() if r.get("runs"))
-    cut = sum("out of time" in str(r.get("note") or "") for r in rows.values())
+    cut = sum(OUT_OF_TIME in str(r.get("note") or "") for r in rows.values())  # deadline skips (deadline.py)
     window = _window(folder, root)
     facts = window["facts"]
     when = f"{facts.get('day', '?')}, {(facts.get('commit') or '?')[:10]}, {facts.get('layers', '?')} layers"

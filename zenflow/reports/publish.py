@@ -24,11 +24,11 @@ from zenflow.harness.checks import gpu as gc
 from zenflow.harness.evidence import EvidenceError, unpack
 from zenflow.harness.records import RunRecord
 from zenflow.harness.result_sets import PARTIAL
+from zenflow.harness.runner import INTERRUPTED  # a run stopped by the window's SIGTERM: not a finding
 from zenflow.harness.tables import write_text_atomic
 from zenflow.reports.scenario import scenario_report
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
-INTERRUPTED = "interrupted"  # runner.py's error for a run stopped by the window's SIGTERM: not a finding
 WINDOW_FILES = ("phases.json", "run.log", "op-build.log", "facts/facts.json", "facts/nvidia-smi.txt",
                 "facts/pip-list.txt")
 

@@ -33,11 +33,9 @@ from typing import Any
 
 import torch
 
-from zenflow.hooks import Observer
-
-# Blocking sections of the optimizer, by category: copies the step waits for, and waits for the host optimizer.
-IO_BLOCKS = {"copy_d2h", "copy_h2d", "collective"}  # collective: bytes between ranks (data parallelism)
-STALL_BLOCKS = {"host_wait", "host_update", "host_accumulate", "reselect", "clip_sync"}
+# Blocking sections of the optimizer, by category (hooks.py owns the names, and refuses any other): copies the step
+# waits for are exposed I/O, waits for the host optimizer are stall.
+from zenflow.hooks import IO_BLOCKS, STALL_BLOCKS, Observer
 
 
 @dataclass
@@ -316,7 +314,7 @@ def split_step(rec: _Recorded) -> None:
     for what, started, event, ended in rec.blocks:
         idle_ms = max(0.0, ended - reached(started, event)) * 1e3  # after the device drained what came before
         t.blocks_ms[what] = t.blocks_ms.get(what, 0.0) + idle_ms
-        if what in IO_BLOCKS:
+        if what in IO_BLOCKS:  # hooks.BLOCKS is these two sets, and Observers refuses any other name
             t.io_ms += idle_ms
         elif what in STALL_BLOCKS:
             t.stall_ms += idle_ms

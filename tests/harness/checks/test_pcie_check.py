@@ -151,7 +151,7 @@ def test_the_check_fails_if_any_window_fails_and_is_not_checked_if_any_could_not
 def test_a_window_where_no_kind_is_large_enough_to_be_missed_fails():
     """60 equal kinds each way: leaving any one uncounted moves the prediction by < 2% (RESOLUTION), so no control
     can be run and the window cannot show an uncounted copy; counters that agree do not make it pass."""
-    even = {f"{d}/kind{i}": 2**24 for d in pc.DIRECTIONS for i in range(60)}
+    even = {f"{d}/kind{i}": 2**24 for d in pc.LINK_DIRECTIONS for i in range(60)}
     res = _verdict(even, _dev(even))
     assert {r["status"] for r in res["directions"].values()} == {"pass"}  # the comparison itself agrees
     assert set(_outcomes(res).values()) == {"not run"}
@@ -191,7 +191,7 @@ def test_the_zenflow_window_reselects_inside_itself():
             0.1, 4, True)
         before, inside, moved = _window_run(spec, steps)
         assert (before, inside) == (1, 1), steps
-        assert all(moved.get((d, kind), 0) > 0 for d in pc.DIRECTIONS for kind in ("master", "moments")), moved
+        assert all(moved.get((d, kind), 0) > 0 for d in pc.LINK_DIRECTIONS for kind in ("master", "moments")), moved
 
 
 class CounterOnlyNvml:

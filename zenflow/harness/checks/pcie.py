@@ -30,9 +30,9 @@ import torch
 from zenflow import ZenFlowAdamW
 from zenflow.harness.checks.differential import CASES, DIFF_HYPER, SmallNet, make_batches
 from zenflow.harness.checks.verdict import NOT_RUN, blind_spots, check, control
+from zenflow.hooks import LINK_DIRECTIONS
 from zenflow.telemetry.nvml import NvmlSampler, torch_pci_bus_ids
 
-DIRECTIONS = ("d2h", "h2d")
 COUNTERS = {"d2h": "tx_bytes", "h2d": "rx_bytes"}  # the GPU's end of the link: TX = device to host
 TOLERANCE = 0.01  # first H100 run: 0.02-0.09% on plain copies
 RESOLUTION = 2 * TOLERANCE
@@ -159,14 +159,14 @@ def pcie_check(cuda: bool, widths: tuple[int, ...] = (4096,) * 5, steps: int = 1
 # ---- verdict (pure: tested on the CPU with synthetic counters) ------------------------------------------------------
 def per_direction(ours_by_kind: dict[str, int]) -> dict[str, int]:
     """{"d2h": bytes, "h2d": bytes} from {"d2h/grads": bytes, ...}."""
-    return {d: sum(n for key, n in ours_by_kind.items() if key.split("/")[0] == d) for d in DIRECTIONS}
+    return {d: sum(n for key, n in ours_by_kind.items() if key.split("/")[0] == d) for d in LINK_DIRECTIONS}
 
 
 def predicted(ours: dict[str, int], overhead: dict[str, Any], counter: str) -> float | None:
     """NVML bytes the optimizer's transfers should show on `counter`: each direction's bytes times the link's
     measured bytes-per-payload-byte of a copy in that direction."""
-    factors = [overhead[d][counter] for d in DIRECTIONS]
-    return None if None in factors else sum(ours[d] * f for d, f in zip(DIRECTIONS, factors))
+    factors = [overhead[d][counter] for d in LINK_DIRECTIONS]
+    return None if None in factors else sum(ours[d] * f for d, f in zip(LINK_DIRECTIONS, factors))
 
 
 def within(nvml: int | None, expected: float | None, tolerance: float = TOLERANCE) -> bool | None:
@@ -210,7 +210,7 @@ def compare_counters(ours: dict[str, int], overhead: dict[str, Any], dev: dict[s
     """Per direction: our payload bytes, NVML's counter, the counter predicted from our bytes and the overhead, and
     the idle window's bytes (scaled to the run's window: how much traffic is not ours)."""
     rows = {}
-    for d in DIRECTIONS:
+    for d in LINK_DIRECTIONS:
         key = COUNTERS[d]
         idle = idle_dev.get(key)
         background = None if idle is None or idle_s <= 0 else idle * window / idle_s
