@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from tabulate import tabulate
 
+from zenflow.harness.atomic import write_text_atomic
+
 
 def candidates(g: torch.Tensor, cols: torch.Tensor, label: str) -> dict[str, Callable[[], object]]:
     """Ways to move columns `cols` of `g` ([out, in]) into a compact [out, n] block and back."""
@@ -95,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text, end="")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        partial = args.out / ".column-kernels.md.partial"
-        partial.write_text(text)
-        partial.replace(args.out / "column-kernels.md")
+        write_text_atomic(args.out / "column-kernels.md", text)
     return 0
 
 

@@ -128,7 +128,7 @@ MUTANTS = (  # about twenty of the core promises, each with the fast test that p
            ("tests/reproduce/test_knobs.py::"
             "test_a_record_of_another_setting_under_the_runs_name_is_not_this_runs_record",),
            "the knobs study's resume skips a run only for a record of that very run"),
-    Mutant("WN1", "reproduce/gpu_window.py", "watch=scenario)", "watch=None)",
+    Mutant("WN1", "reproduce/gpu_window.py", "watch=lambda s: s.scenario,", "watch=None,",
            ("tests/reproduce/test_gpu_window.py::"
             "test_the_scenario_phase_watches_its_folder_and_ends_its_runs_before_the_window",),
            "the GPU window packs its archive as each run record appears (a SIGKILL keeps every run that ended)"),

@@ -41,6 +41,7 @@ import tomllib
 import torch
 from tabulate import tabulate
 
+from zenflow.harness.atomic import write_text_atomic
 from zenflow.reports.intervals import ratio_interval
 
 THRESHOLDS_FILE = Path("bench/thresholds.toml")
@@ -205,9 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.publish / str(run.get("machine_info", {}).get("hardware_id") or "unknown-hardware")
     folder.mkdir(parents=True, exist_ok=True)
     for name, content in (("bounds.json", args.run.read_text()), ("bounds.md", text)):
-        partial = folder / f".{name}.partial"  # an interrupted write never leaves a half-written file
-        partial.write_text(content)
-        partial.replace(folder / name)
+        write_text_atomic(folder / name, content)  # an interrupted write never leaves a half-written file
     print(f"wrote {folder / 'bounds.json'} and {folder / 'bounds.md'}")
     return 0
 
