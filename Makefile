@@ -12,7 +12,7 @@ PY := $(PYTHON)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 install:
-	$(PY) zenflow/harness/checks/preflight.py
+	$(PY) zenflow/harness/preflight.py
 else
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)

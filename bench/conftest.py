@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from zenflow.config import ConfigError, ZenFlowConfig
-from zenflow.harness.checks.arguments import interval
+from zenflow.harness.cli import interval
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK
 from zenflow.telemetry.environment import capture_environment, visible_gpus
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from zenflow.device import device_update_
-from zenflow.harness.checks.arguments import interval
+from zenflow.harness.cli import interval
 from zenflow.hooks import Observers
 from zenflow.link import Link
 from zenflow.optimizer import ZenFlowAdamW

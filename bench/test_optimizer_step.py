@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from zenflow.adam import AdamWHyper, adamw_
-from zenflow.harness.checks.arguments import interval
+from zenflow.harness.cli import interval
 from zenflow.optimizer import ZenFlowAdamW
 
 SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zenflow.harness.checks.arguments import interval
+from zenflow.harness.cli import interval
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import is_deepspeed, unavailable

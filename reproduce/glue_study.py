@@ -25,7 +25,7 @@ from pathlib import Path
 
 from glue import main as glue_main  # reproduce/glue.py (this script runs from reproduce/)
 
-from zenflow.harness.checks import arguments as cc
+from zenflow.harness import cli
 from zenflow.harness.records import read_records
 from zenflow.harness.result_sets import PARTIAL
 from zenflow.reports.glue_study import SETTINGS, study_report
@@ -35,16 +35,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
-    ap.add_argument("--default-runs", type=cc.existing_folder("records folder"), default=None,
+    ap.add_argument("--default-runs", type=cli.existing_folder("records folder"), default=None,
                     help="the default GLUE run's records (default: results/glue/<hardware-id>)")
-    ap.add_argument("--out", type=cc.out_folder, default=None, help="default: <default-runs>/study")
+    ap.add_argument("--out", type=cli.out_folder, default=None, help="default: <default-runs>/study")
     ap.add_argument("--glue-args", type=shlex.split, default=[], metavar="'ARGS'",
                     help="passed to every reproduce/glue.py run, e.g. --glue-args='--train-examples 64' (a quick look)")
     ap.add_argument("--report-only", action="store_true", help="remake the report from the records")
     args = ap.parse_args(argv)
-    cc.distinct(ap, "--settings", args.settings)
+    cli.distinct(ap, "--settings", args.settings)
     default_runs = args.default_runs or ROOT / "results" / "glue" / capture_environment()["hardware_id"]
     out = args.out or default_runs / "study"
     if not args.report_only:
@@ -72,7 +72,7 @@ def _report(default_runs: Path, out: Path) -> int:
     default = read_records(default_runs) if default_runs.is_dir() else []
     settings = {name: read_records(out / name) for name in SETTINGS if (out / name).is_dir()}
     if not default or not any(settings.values()):
-        return cc.refuse(f"argument --out: no study records in {str(out)!r} or no default records in "
+        return cli.refuse(f"argument --out: no study records in {str(out)!r} or no default records in "
                          f"{str(default_runs)!r}: expected `make reproduce-glue` and this script's runs first")
     study_report(default, {k: v for k, v in settings.items() if v}, out)
     return 0

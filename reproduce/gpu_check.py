@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from zenflow.harness.checks import arguments as cc
-from zenflow.harness.checks import gpu
+from zenflow.harness import cli
+from zenflow.harness.checks import gpu, render
 from zenflow.harness.checks.verdict import check, verdict
 from zenflow.telemetry.environment import capture_environment
 
@@ -33,12 +33,12 @@ KILL_AFTER = "ZENFLOW_GPU_CHECK_KILL_AFTER"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])  # one-line errors, exit 2 (checks/arguments.py)
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])  # one-line errors, exit 2 (harness/cli.py)
     ap.add_argument("--smoke", action="store_true", help="8-step differential, two ref engines with 2+4 steps")
-    ap.add_argument("--checks", type=cc.names_from(gpu.CHECK_NAMES), default=list(gpu.CHECK_NAMES),
+    ap.add_argument("--checks", type=cli.names_from(gpu.CHECK_NAMES), default=list(gpu.CHECK_NAMES),
                     help="the checks to run, comma-separated (default: all of " + ",".join(gpu.CHECK_NAMES) + "); the "
                     "others say 'not checked: not asked'")
-    ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/gpu-check/<hardware-id>")
+    ap.add_argument("--out", type=cli.out_folder, default=None, help="default: results/gpu-check/<hardware-id>")
     return ap.parse_args(argv)
 
 
@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cuda = torch.cuda.is_available()
     out = args.out or ROOT / "results" / "gpu-check" / env["hardware_id"]
-    problem = cc.folder_problem(out)  # the default folder (an --out was checked while parsing)
+    problem = cli.folder_problem(out)  # the default folder (an --out was checked while parsing)
     if problem:
-        return cc.refuse(f"argument --out: {str(out)!r} {problem}")
+        return cli.refuse(f"argument --out: {str(out)!r} {problem}")
     mode = "smoke" if args.smoke else "full"
     record = gpu.new_record(mode, cuda, report, env)
     context = gpu.Context(cuda, args.smoke, out, record, say)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     record["complete"] = True
     gpu.save_record(record, out)
     try:
-        gpu.figure(record, out / "figure.png")
+        render.figure(record, out / "figure.png")
     except ImportError as exc:  # a GPU host's own environment may lack matplotlib: the record and table still stand
         say(f"figure not drawn: {exc}")
     for c in record["checks"]:

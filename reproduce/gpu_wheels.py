@@ -35,7 +35,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from zenflow.harness.checks import arguments as cc
+from zenflow.harness import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 # The one table of versions: the ones `make install` puts in .venv, so the GPU host runs what the tests here ran.
@@ -103,8 +103,8 @@ def ownership_problem(out: Path) -> str | None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])  # one-line errors, exit 2
-    ap.add_argument("--out", type=cc.out_folder, default=str(ROOT / ".whl"), help="default: <repo>/.whl")
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])  # one-line errors, exit 2
+    ap.add_argument("--out", type=cli.out_folder, default=str(ROOT / ".whl"), help="default: <repo>/.whl")
     ap.add_argument("--python-version", type=python_version, default="3.12",
                     help="the GPU host's Python, 3.N (default 3.12)")
     args = ap.parse_args(argv)

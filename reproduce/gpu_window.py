@@ -33,10 +33,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a bare script with the host's python
 
-from zenflow.harness.checks import arguments as cc  # noqa: E402
+from zenflow.harness import cli  # noqa: E402
 from zenflow.harness.checks.gpu import CHECKS as GPU_CHECKS  # noqa: E402
-from zenflow.harness.checks.preflight import stale_build_locks, torch_extensions_dir  # noqa: E402
 from zenflow.harness.engines.registry import is_deepspeed  # noqa: E402
+from zenflow.harness.preflight import stale_build_locks, torch_extensions_dir  # noqa: E402
 from zenflow.harness.window import CUT, Phase, Window, WindowClosed  # noqa: E402
 from zenflow.telemetry.environment import git_commit  # noqa: E402
 
@@ -70,26 +70,26 @@ HOST_MEMORY_GIB = 115.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=cc.out_folder, help="the folder that comes back: gpu-evidence.tar.gz and run.log")
-    ap.add_argument("--budget-s", type=cc.int_at_least(30), default=BUDGET_S,
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=cli.out_folder, help="the folder that comes back: gpu-evidence.tar.gz and run.log")
+    ap.add_argument("--budget-s", type=cli.int_at_least(30), default=BUDGET_S,
                     help=f"seconds every phase must end within (default {BUDGET_S}, for a 590 s command)")
-    ap.add_argument("--layers", type=cc.int_at_least(1), default=LAYERS,
+    ap.add_argument("--layers", type=cli.int_at_least(1), default=LAYERS,
                     help=f"Llama-2-7B layers (default {LAYERS}: the core five fit beside the checks on one H100)")
-    ap.add_argument("--host-memory-gib", type=cc.float_at_least(0, strict=True), default=None,
+    ap.add_argument("--host-memory-gib", type=cli.float_at_least(0, strict=True), default=None,
                     help=f"the memory the scenario's plan may use (default {HOST_MEMORY_GIB:g}: the lent host's "
                     "stated 128 GiB less 10%%; the rehearsal: what this host has available)")
     ap.add_argument("--resume", action="store_true",
                     help="a second command on the same warm machine: keep the finished runs, run what was cut")
     ap.add_argument("--rehearsal", action="store_true",
                     help="the CPU dress rehearsal: the same phases at a tiny shape (make test runs it)")
-    ap.add_argument("--publish", type=cc.existing_file, metavar="TARBALL",
+    ap.add_argument("--publish", type=cli.existing_file, metavar="TARBALL",
                     help="here, after the window: check the archive, put its sets into results/ and remake the claims")
-    ap.add_argument("--into", type=cc.out_folder, default=None,
+    ap.add_argument("--into", type=cli.out_folder, default=None,
                     help="with --publish: this folder instead of results/ (a cpu-scale set is refused only there)")
     ap.add_argument("--replace", action="store_true",
                     help="with --publish: clear a set already published for this hardware first (never merged)")
-    ap.add_argument("--work", type=cc.out_folder, default=ROOT / "build" / "gpu-window",
+    ap.add_argument("--work", type=cli.out_folder, default=ROOT / "build" / "gpu-window",
                     help="where the phases write before packing (default build/gpu-window; --resume reuses it)")
     args = ap.parse_args(argv)
     if args.publish is None and args.out is None:
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in publish_window(args.publish, args.into, args.replace):
                 print(line)
         except PublishError as exc:
-            return cc.refuse(str(exc))
+            return cli.refuse(str(exc))
         if args.into is None:  # the claims page quotes the GPU sets of results/ (zenflow/reports/gpu_claims.py)
             from zenflow.reports import claims
 

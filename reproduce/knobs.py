@@ -39,14 +39,13 @@ import glue  # reproduce/glue.py, reproduce/llama7b.py (this script runs from re
 import llama7b
 import torch
 
-from zenflow.harness import local_inputs
-from zenflow.harness.checks import arguments as cc
-from zenflow.harness.checks.preflight import PreflightError, check_build_locks
+from zenflow.harness import cli, local_inputs
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, GLUE_BLOCK
 from zenflow.harness.engines.registry import is_deepspeed
 from zenflow.harness.glue.data import GlueError
 from zenflow.harness.glue.workload import check_inputs
 from zenflow.harness.plans import PlannedRun, execute
+from zenflow.harness.preflight import PreflightError, check_build_locks
 from zenflow.harness.records import RecordError, RunRecord, read_records
 from zenflow.harness.result_sets import PARTIAL
 from zenflow.harness.workloads import WorkloadError
@@ -87,23 +86,23 @@ SMOKE_STEPS = 16  # timed steps of a smoke run: "auto"'s cap (16) puts at least 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=None,
                     help="default: both (--smoke: llama)")
     ap.add_argument("--settings", nargs="+", choices=[s.name for s in SETTINGS], default=None,
                     help="default: all (--smoke: " + " ".join(SMOKE_SETTINGS) + ")")
-    ap.add_argument("--seeds", type=cc.int_at_least(1), default=None, help="seeds per setting (default 3; --smoke 1)")
-    ap.add_argument("--budget-min", type=cc.float_at_least(0, strict=True), default=60.0,
+    ap.add_argument("--seeds", type=cli.int_at_least(1), default=None, help="seeds per setting (default 3; --smoke 1)")
+    ap.add_argument("--budget-min", type=cli.float_at_least(0, strict=True), default=60.0,
                     help="minutes per workload the runs still to do may take, estimated from the committed records "
                     "(default %(default)s): settings are dropped from the end of the priority order to fit")
-    ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/knobs/<hardware-id>")
+    ap.add_argument("--out", type=cli.out_folder, default=None, help="default: results/knobs/<hardware-id>")
     ap.add_argument("--smoke", action="store_true", help="a tiny Llama, 4+16 steps, 1 seed, 3 settings (< 60 s)")
     ap.add_argument("--rerun-failed", action="store_true", help="rerun DeepSpeed's runs whose record says failed")
     ap.add_argument("--resume", action="store_true", help="accepted, always on: a run whose record is here is kept")
     ap.add_argument("--report-only", action="store_true", help="remake the report from the records in --out")
     args = ap.parse_args(argv)
     for option in ("--workloads", "--settings"):
-        cc.distinct(ap, option, getattr(args, option[2:]) or [])
+        cli.distinct(ap, option, getattr(args, option[2:]) or [])
     args.workloads = args.workloads or (["llama"] if args.smoke else list(WORKLOADS))
     names = args.settings or (list(SMOKE_SETTINGS) if args.smoke else [s.name for s in SETTINGS])
     args.settings = [s for s in SETTINGS if s.name in names]  # priority order
@@ -126,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     by_workload = {w: study_records(out / WORKLOADS[w]) for w in WORKLOADS if (out / WORKLOADS[w]).is_dir()}
     by_workload = {w: r for w, r in by_workload.items() if r}
     if not by_workload:
-        return cc.refuse(f"argument --out: no knobs records in {str(out)!r}: expected this script's runs first")
+        return cli.refuse(f"argument --out: no knobs records in {str(out)!r}: expected this script's runs first")
     knobs_report(by_workload, out, env)  # labelled by the records' own hardware
     return status
 
@@ -137,7 +136,7 @@ def study(out: Path, args: argparse.Namespace, hw: str, argv: list[str] | None) 
         plans = {w: plan(w, args) for w in args.workloads}
         chosen = {w: fit(w, plans[w], out / WORKLOADS[w], args, hw) for w in args.workloads}
     except (GlueError, WorkloadError, PreflightError, Refused) as exc:
-        return cc.refuse(str(exc))
+        return cli.refuse(str(exc))
     return run_rounds(out, chosen, args, argv)
 
 
@@ -258,7 +257,7 @@ def run_rounds(out: Path, chosen: dict[str, list[tuple[Setting, PlannedRun]]], a
                argv: list[str] | None) -> int:
     """Round by round (each workload's r-th seed), that seed's runs through plans.execute: ours, then DeepSpeed's
     folder; ok records are kept by execute's --resume, failed ones of DeepSpeed's are left out here."""
-    command, failed = cc.command_line("reproduce/knobs.py", argv), []
+    command, failed = cli.command_line("reproduce/knobs.py", argv), []
     seeds = {w: sorted({r.spec.workload["seed"] for _, r in runs}) for w, runs in chosen.items()}
     for round_ in range(max(map(len, seeds.values()), default=0)):
         for workload, runs in chosen.items():

@@ -18,7 +18,7 @@ GPU host without local Llama-2-7B weights, at the largest N the memory plan admi
 checks that model, tokenizer and data are on this host (local_inputs.py) and plans every engine's memory
 (memory_plan.py): an engine that cannot fit gets a `skipped` record saying what it needs, in seconds.
 
-Every argument is checked before any run, model load or DeepSpeed import (zenflow/harness/checks/arguments.py): a bad
+Every argument is checked before any run, model load or DeepSpeed import (zenflow/harness/cli.py): a bad
 one
 gives one line naming the argument, the value and what is allowed, exit status 2, and nothing in --out. The plan's
 records are written to <out>/.partial/ and move into <out>/ only when every run is ok or skipped; a failed or
@@ -37,14 +37,13 @@ from pathlib import Path
 
 import torch
 
-from zenflow.harness import local_inputs, scale_plan
+from zenflow.harness import cli, local_inputs, scale_plan
 from zenflow.harness import memory_plan as mp
-from zenflow.harness.checks import arguments as cc
-from zenflow.harness.checks.preflight import PreflightError, check_async_io, check_build_locks, check_cuda_usable
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, DEFAULT_ENGINES, ENGINES, SHAPES, TINY_LLAMA_SHAPE
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import ASKED, is_deepspeed, needs_async_io, zenflow_engines
 from zenflow.harness.plans import PlannedRun, execute, report_existing
+from zenflow.harness.preflight import PreflightError, check_async_io, check_build_locks, check_cuda_usable
 from zenflow.harness.session import RunSpec
 from zenflow.reports.cores import FRACTIONS, cores_report, planned_split
 from zenflow.reports.scenario import scenario_report
@@ -67,16 +66,16 @@ CONVERGENCE_ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-offl
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Every argument is checked here, before any run (checks/arguments.py): a bad one exits 2, one line on stderr."""
+    """Every argument is checked here, before any run (harness/cli.py): a bad one exits 2, one line on stderr."""
     gpu = torch.cuda.is_available()
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=cc.model_or_builtin("cpu-scale"), default=os.environ.get("MODEL") or None,
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=cli.model_or_builtin("cpu-scale"), default=os.environ.get("MODEL") or None,
                     help="'cpu-scale', a hub id or a local folder; default: $MODEL, else on a GPU host Llama-2-7B "
                     "when its weights are local and --shape llama2-7b otherwise (cpu-scale with --smoke or without "
                     "a GPU)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
                     help="random weights at this model's layer shapes (with --layers): no download")
-    ap.add_argument("--layers", type=cc.int_at_least(1), default=None,
+    ap.add_argument("--layers", type=cli.int_at_least(1), default=None,
                     help="with --shape: layers of that shape (default: the most the memory plan admits, at most "
                     "the model's own)")
     ap.add_argument("--freeze-embedding", action="store_true",
@@ -84,44 +83,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "exactly the full model's (docs/llama7b-gpu.md)")
     ap.add_argument("--plan", action="store_true", help="print every engine's memory and time estimate against this "
                     "host and run nothing")
-    ap.add_argument("--host-memory-gib", type=cc.float_at_least(0, strict=True), default=None,
+    ap.add_argument("--host-memory-gib", type=cli.float_at_least(0, strict=True), default=None,
                     help="plan for this much host memory instead of what this host has available now (its GPU "
                     "and /dev/shm stay measured unless --device-memory-gib: a microVM's RAM grows as it is used)")
-    ap.add_argument("--device-memory-gib", type=cc.float_at_least(0, strict=True), default=None,
+    ap.add_argument("--device-memory-gib", type=cli.float_at_least(0, strict=True), default=None,
                     help="plan for a GPU with this much memory (default: this host's GPU; none: the CPU)")
     ap.add_argument("--allow-download", action="store_true",
                     help="let the runs fetch a model or data that is not on this host (refused otherwise)")
     ap.add_argument("--engines", nargs="+", default=list(DEFAULT_ENGINES), choices=ENGINES,
                     help="default: every engine but the opt-in ones (configs.DEFAULT_ENGINES)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
-    ap.add_argument("--seq-len", type=cc.int_at_least(1), default=None, help="default: 512 on a GPU host, 16 otherwise")
-    ap.add_argument("--micro-batch", type=cc.int_at_least(1), default=1)
+    ap.add_argument("--seq-len", type=cli.int_at_least(1), default=None,
+                    help="default: 512 on a GPU host, 16 otherwise")
+    ap.add_argument("--micro-batch", type=cli.int_at_least(1), default=1)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="where the engines train: auto = CUDA when torch can use it, else the CPU")
-    ap.add_argument("--nproc", "--num-gpus", dest="nproc", type=cc.int_at_least(1),
+    ap.add_argument("--nproc", "--num-gpus", dest="nproc", type=cli.int_at_least(1),
                     default=int(os.environ.get("NPROC") or 1),
                     help="ranks per run, every engine (default $NPROC, else 1): one per GPU on a GPU host, a share of "
                     "the cores each here (torchrun + gloo; DeepSpeed on GPUs: its launcher); one table per world size")
-    ap.add_argument("--nvme-path", type=cc.out_folder, default=None,
+    ap.add_argument("--nvme-path", type=cli.out_folder, default=None,
                     help="ds-zero-infinity offloads parameters and optimizer to NVMe in this folder (default: the "
                     "host's memory); needs DeepSpeed's async_io op (libaio)")
-    ap.add_argument("--data", type=cc.data_source, default="auto", help="Alpaca JSON path, 'synthetic', or 'auto'")
-    ap.add_argument("--repeats", type=cc.int_at_least(1), default=None,
+    ap.add_argument("--data", type=cli.data_source, default="auto", help="Alpaca JSON path, 'synthetic', or 'auto'")
+    ap.add_argument("--repeats", type=cli.int_at_least(1), default=None,
                     help=f"rounds; engines interleaved within each, one seed per round (default {CPU_REPEATS} here, "
                     f"{GPU_REPEATS} on a GPU, 1 with --shape or --convergence)")
-    ap.add_argument("--seed", type=cc.int_at_least(0), default=BASE_SEED,
+    ap.add_argument("--seed", type=cli.int_at_least(0), default=BASE_SEED,
                     help=f"round r's seed is SEED + r: model init and data order, shared by its engines (default "
                     f"{BASE_SEED})")
-    ap.add_argument("--warmup-steps", type=cc.int_at_least(0), default=None,
+    ap.add_argument("--warmup-steps", type=cli.int_at_least(0), default=None,
                     help="default 4 here and with --shape, 8 on a GPU and with --convergence")
-    ap.add_argument("--timed-steps", type=cc.int_at_least(1), default=None,
+    ap.add_argument("--timed-steps", type=cli.int_at_least(1), default=None,
                     help="rounded up to whole update cycles; default 8 here and with --shape, 16 on a GPU")
-    ap.add_argument("--out", type=cc.out_folder, default=None,
+    ap.add_argument("--out", type=cli.out_folder, default=None,
                     help="default: results/llama7b/<hardware-id> (with --nproc N > 1: its nproc-N subfolder)")
     ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out (<out>/.partial/): "
                     "keep the ok records of the same runs, rerun the rest")
     ap.add_argument("--no-overhead-check", action="store_true", help="skip the run without telemetry")
-    ap.add_argument("--deadline-s", type=cc.float_at_least(0, strict=True), default=None,
+    ap.add_argument("--deadline-s", type=cli.float_at_least(0, strict=True), default=None,
                     help="start a run only when the memory plan's estimate of it, corrected by the runs done, ends "
                     "within this many seconds of the start; the rest get 'skipped: out of time' records and rows "
                     "(--resume runs them later; reproduce/gpu_window.py)")
@@ -129,16 +129,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"loss against wall time: {CONVERGENCE_STEPS} timed steps, the engines that differ in what a "
                     "step computes (default --engines: " + " ".join(CONVERGENCE_ENGINES) + "), into the convergence/ "
                     f"subfolder ({CPU_REPEATS} rounds here: ≈35 min)")
-    ap.add_argument("--cores-ablation", nargs="*", type=cc.float_between(0, 1), default=None, metavar="P",
+    ap.add_argument("--cores-ablation", nargs="*", type=cli.float_between(0, 1), default=None, metavar="P",
                     help="the ZenFlow engines (default --engines: ref-zenflow ds-zenflow) at each "
                     "pt_reserved_cores_perc P, the share of the cores kept for PyTorch compute (default: "
                     + " ".join(f"{f:g}" for f in FRACTIONS) + "), into the cores/ subfolder (≈8 min here)")
-    cc.add_knobs(ap, DEEPSPEED_EXAMPLES_BLOCK)  # a setting other than the default gets an output folder of its own
+    cli.add_knobs(ap, DEEPSPEED_EXAMPLES_BLOCK)  # a setting other than the default gets an output folder of its own
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 4+4 steps (for the test suite)")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
     args.until = None if args.deadline_s is None else time.time() + args.deadline_s
-    args.block = cc.knobs_block(ap, args, DEEPSPEED_EXAMPLES_BLOCK)
+    args.block = cli.knobs_block(ap, args, DEEPSPEED_EXAMPLES_BLOCK)
     small = args.smoke or not gpu  # the smoke run is the tiny cpu-scale shape on every host
     if args.shape and args.model:
         ap.error("argument --shape: not allowed with --model (or $MODEL): expected one of them")
@@ -158,7 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.engines = list(CONVERGENCE_ENGINES)
     if args.cores_ablation is not None:
         cores_ablation_args(ap, args)
-    cc.distinct(ap, "--engines", args.engines)
+    cli.distinct(ap, "--engines", args.engines)
     on_gpus = gpu and args.device != "cpu"
     most = torch.cuda.device_count() if on_gpus else len(os.sched_getaffinity(0))
     if args.nproc > most:
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     problem = local_inputs.problem(args.model, args.data, args.allow_download)
     if problem:  # checked once here, not once per run
-        return cc.refuse(problem)
+        return cli.refuse(problem)
     host = base = None
     if args.shape and args.layers is None:  # the most layers that fit: the output folder is named after them
         host, base, cuda = host_and_base(args)
@@ -188,24 +188,25 @@ def main(argv: list[str] | None = None) -> int:
         else ""
     out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"] / scenario / (
         f"nproc-{args.nproc}" if args.nproc > 1 else "") / (
-        "convergence" if args.convergence else "cores" if args.cores_ablation else "") / cc.setting_name(
+        "convergence" if args.convergence else "cores" if args.cores_ablation else "") / cli.setting_name(
         args.block, DEEPSPEED_EXAMPLES_BLOCK)  # e.g. update-interval-auto/: two settings never share a folder
     report = partial(cores_report if args.cores_ablation else scenario_report, env=env)
     if args.report_only:  # records only: no plan, no probe
         problem = report_existing(out, report)
-        return cc.refuse(problem) if problem else 0
+        return cli.refuse(problem) if problem else 0
     if host is None:
         host, base, cuda = host_and_base(args)
     shape, needs = memory_needs(args, base, cuda)
     if args.plan:
         if shape is None:
-            return cc.refuse(f"argument --plan: the shape of {args.model!r} is not on this host (no config.json)")
+            return cli.refuse(f"argument --plan: the shape of {args.model!r} is not on this host (no config.json)")
         print(mp.render(needs, host, args.warmup_steps + args.timed_steps, shape, base))
         print("\n" + scale_plan.render(base + (0 if cuda else mp.CUDA_CONTEXT)))  # 13B and 70B on 1-8 GPUs
         return 0
-    problem = cc.folder_problem(out) or cc.unfinished_problem(out, args.resume) or cc.setting_problem(out, args.block)
+    problem = (cli.folder_problem(out) or cli.unfinished_problem(out, args.resume)
+               or cli.setting_problem(out, args.block))
     if problem:
-        return cc.refuse(f"argument --out: {str(out)!r} {problem}")
+        return cli.refuse(f"argument --out: {str(out)!r} {problem}")
     try:  # a GPU host whose torch cannot use CUDA would silently train on the CPU under the GPU's hardware id
         check_cuda_usable()
         if any(is_deepspeed(e) for e in args.engines):
@@ -213,14 +214,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.nvme_path and needs_async_io(args.engines, str(args.nvme_path)):
             check_async_io()  # without libaio every ZeRO-Infinity run would fail at its first swap
     except PreflightError as exc:
-        return cc.refuse(str(exc))
+        return cli.refuse(str(exc))
     skips = {n.engine: mp.fits(n, host) for n in needs}
     for engine, why in skips.items():
         if why:
             print(f"memory plan: {engine} is skipped: {why}", file=sys.stderr)
     steps = args.warmup_steps + args.timed_steps
     estimates = {n.engine: n.run_s(steps) for n in needs}
-    return execute(out, plan(args, skips, estimates), cc.command_line("reproduce/llama7b.py", argv), report,
+    return execute(out, plan(args, skips, estimates), cli.command_line("reproduce/llama7b.py", argv), report,
                    resume=args.resume, until=args.until)
 
 
@@ -229,7 +230,7 @@ def cores_ablation_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -
     if args.convergence:
         ap.error("argument --cores-ablation: not allowed with --convergence (expected one study per run)")
     args.cores_ablation = args.cores_ablation or list(FRACTIONS)
-    cc.distinct(ap, "--cores-ablation", args.cores_ablation)
+    cli.distinct(ap, "--cores-ablation", args.cores_ablation)
     splitting = [s.name for s in zenflow_engines() if s.zenflow_block == ASKED]
     if args.engines == list(DEFAULT_ENGINES):
         args.engines = [e for e in ("ref-zenflow", "ds-zenflow") if e in splitting]

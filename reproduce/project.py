@@ -54,7 +54,7 @@ from zenflow.costmodel.validate import (
     validation,
     validation_dating,
 )
-from zenflow.harness.checks import arguments as cc
+from zenflow.harness import cli
 from zenflow.harness.configs import ENGINES
 from zenflow.reports.costmodel import (
     committed_runs,
@@ -72,7 +72,7 @@ FULL_REPEATS = 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])  # every argument checked before any run
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])  # every argument checked before any run
     ap.add_argument("--no-calibrate", action="store_true", help="reuse the committed calibration record")
     ap.add_argument("--no-sample", action="store_true",
                     help="take no same-day sample: validate against the committed full validation")
@@ -82,18 +82,18 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"validate against runs more than {MAX_AGE_H:.0f} h from the calibration (the table warns)")
     ap.add_argument("--engines", nargs="+", default=list(SAMPLE_ENGINES), choices=ENGINES,
                     help="engines of the sample or of --run-validation")
-    ap.add_argument("--repeats", type=cc.int_at_least(1), default=None,
+    ap.add_argument("--repeats", type=cli.int_at_least(1), default=None,
                     help=f"runs per engine and sequence (default: the sample {SAMPLE_REPEATS}, --run-validation "
                     f"{FULL_REPEATS})")
-    ap.add_argument("--seqs", type=cc.int_at_least(1), nargs="+", default=None,
+    ap.add_argument("--seqs", type=cli.int_at_least(1), nargs="+", default=None,
                     help=f"sequences (default: the sample {' '.join(map(str, VERDICT_SEQS))}, --run-validation "
                     f"{' '.join(map(str, EXTRA_SEQS))})")
     ap.add_argument("--hardware-id", default=None,
                     help="remake the validation and projection of a committed results/costmodel/<id>/ from its own "
                     "calibration and records (another machine's; implies --no-calibrate, takes no run)")
     args = ap.parse_args(argv)
-    cc.distinct(ap, "--engines", args.engines)
-    cc.distinct(ap, "--seqs", args.seqs or [])
+    cli.distinct(ap, "--engines", args.engines)
+    cli.distinct(ap, "--seqs", args.seqs or [])
     hw = args.hardware_id or capture_environment()["hardware_id"]
     out = ROOT / "results" / "costmodel" / hw
     if args.hardware_id:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"argument --hardware-id: {hw}: no results/costmodel/{hw}/calibration.json (have: "
                      + ", ".join(sorted(p.name for p in out.parent.glob("*/"))) + ")")
         args.no_calibrate = True
-    problem = cc.folder_problem(out)
+    problem = cli.folder_problem(out)
     if problem:
         ap.error(f"results folder {str(out)!r} {problem}")
     sampling = not (args.hardware_id or args.no_sample or args.run_validation)
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.hardware_id or args.allow_old_runs):  # refused before minutes of calibration and runs
         old = _too_old(hw, runs, fresh_calibration=calibrating, fresh_runs=sampling or args.run_validation)
         if old:
-            return cc.refuse(old)
+            return cli.refuse(old)
     try:
         if args.run_validation and not run_validation(out / "validation", args.engines, args.repeats or FULL_REPEATS,
                                                       tuple(args.seqs or EXTRA_SEQS)):
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     cal = load_calibration(out / "calibration.json", hw)
     when = validation_dating(cal, hw, ROOT, runs)
     if when["over_bound"] and record_sets(hw, ROOT, runs) and not (args.hardware_id or args.allow_old_runs):
-        return cc.refuse(_age_message(when))
+        return cli.refuse(_age_message(when))
     val, proj = validation(cal, hw, ROOT, runs), projection(cal)
     if val:
         print(write_validation(val, out, cal, when), "\n")

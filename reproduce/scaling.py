@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from zenflow.harness.checks import arguments as cc
+from zenflow.harness import cli
 from zenflow.harness.records import read_records
 from zenflow.reports.scaling import scaling_report
 from zenflow.telemetry.environment import capture_environment
@@ -21,16 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = cc.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", nargs="+", type=cc.existing_folder("records folder"), default=None,
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", nargs="+", type=cli.existing_folder("records folder"), default=None,
                     help="folders of run records (default: results/llama7b/<hardware-id>/nproc-*)")
-    ap.add_argument("--out", type=cc.out_folder, default=None, help="default: results/scaling/<hardware-id>")
+    ap.add_argument("--out", type=cli.out_folder, default=None, help="default: results/scaling/<hardware-id>")
     args = ap.parse_args(argv)
     env = capture_environment()
     folders = args.runs or sorted((ROOT / "results" / "llama7b" / env["hardware_id"]).glob("nproc-*"))
     records = [r for folder in folders for r in read_records(folder)]
     if not records:
-        return cc.refuse(f"argument --runs: no run records in {', '.join(map(str, folders)) or 'nproc-* folders'}: "
+        return cli.refuse(f"argument --runs: no run records in {', '.join(map(str, folders)) or 'nproc-* folders'}: "
                          "expected the folders of make reproduce-llama7b NPROC=N runs")
     scaling_report(records, args.out or ROOT / "results" / "scaling" / env["hardware_id"], env)
     return 0

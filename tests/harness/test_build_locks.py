@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness.checks.preflight import PreflightError, check_build_locks, stale_build_locks
+from zenflow.harness.preflight import PreflightError, check_build_locks, stale_build_locks
 from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from zenflow.harness import processes, runner, stepper
-from zenflow.harness.checks.preflight import PreflightError, check_cuda_usable
 from zenflow.harness.engines.build import deepspeed_config, make_engine, resolve_device
+from zenflow.harness.preflight import PreflightError, check_cuda_usable
 from zenflow.harness.records import RunRecord
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 from zenflow.harness.workloads import Workload, WorkloadError, batches, build_model

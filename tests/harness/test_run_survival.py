@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness import plans, processes, runner, session
-from zenflow.harness.checks import preflight
-from zenflow.harness.checks.preflight import PreflightError, check_build_locks, torch_extensions_dir
+from zenflow.harness import plans, preflight, processes, runner, session
 from zenflow.harness.plans import PlannedRun, execute
+from zenflow.harness.preflight import PreflightError, check_build_locks, torch_extensions_dir
 from zenflow.harness.records import RunRecord
 from zenflow.harness.result_sets import PARTIAL, StagedPlan, same_run
 from zenflow.harness.session import RunSpec, Session

@@ -30,7 +30,7 @@ LAYER_NAMES = ["library", "telemetry", "harness", "costmodel", "reports"]
 STANDALONE = "zenflow.bench_compare"  # the zenflow-bench-compare command (needs scipy; `import zenflow` must not)
 # (file, imported module) -> why the import stays inside a function.
 LATE_ALLOWED = {
-    ("zenflow/harness/checks/preflight.py", "zenflow.telemetry.nvml"):
+    ("zenflow/harness/preflight.py", "zenflow.telemetry.nvml"):
         "preflight.py runs as a plain script under a bare interpreter (`make ... VENV=`) to list what is missing, so "
         "its module level is stdlib only; telemetry.nvml imports pynvml at its top",
 }

@@ -15,7 +15,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from zenflow.harness.checks import preflight
+from zenflow.harness import preflight
 
 try:
     import tomllib

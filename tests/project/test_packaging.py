@@ -52,7 +52,7 @@ def test_make_with_an_empty_venv_uses_the_interpreter_at_hand_and_no_pip():
     plain = subprocess.run(["make", "-n", "test", "VENV=", "PYTHON=/opt/site/python"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout
     assert "pip install" not in plain and " -m venv" not in plain
-    assert "/opt/site/python zenflow/harness/checks/preflight.py" in plain
+    assert "/opt/site/python zenflow/harness/preflight.py" in plain
     assert "/opt/site/python -m pytest tests" in plain
     venv = subprocess.run(["make", "-n", "-B", "install"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from zenflow.harness.checks.arguments import folder_problem
+from zenflow.harness.cli import folder_problem
 from zenflow.harness.records import RunRecord
 from zenflow.harness.result_sets import MARKER, PARTIAL, StagedPlan, same_run
 

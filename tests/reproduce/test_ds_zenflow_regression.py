@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness.checks.preflight import torch_extensions_dir
+from zenflow.harness.preflight import torch_extensions_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "reproduce" / "ds_zenflow_regression.py"

@@ -1,5 +1,5 @@
 """ZenFlow's knobs at the command line: "auto" wherever an interval is set (issue 34 item 1). One argparse type for
---update-interval / --select-interval (checks/arguments.py: interval), the chosen block in every planned run and
+--update-interval / --select-interval (harness/cli.py: interval), the chosen block in every planned run and
 record, a folder of its own for a setting other than the default, and the knobs study's driver
 (reproduce/knobs.py): its budget from the committed records, and its smoke run end to end."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness.checks import arguments as cc
+from zenflow.harness import cli
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, GLUE_BLOCK
 from zenflow.harness.records import RunRecord, read_records
 
@@ -30,12 +30,12 @@ ALLOWED = 'expected "auto" or an integer >= 1'
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "1.5"])
 def test_interval_type_refuses_what_the_zenflow_block_refuses(value):
     with pytest.raises(argparse.ArgumentTypeError) as refused:
-        cc.interval(value)
+        cli.interval(value)
     assert str(refused.value) == f"{value!r} is not allowed: {ALLOWED}"
 
 
 def test_interval_type_takes_auto_and_integers():
-    assert cc.interval("auto") == "auto" and cc.interval("3") == 3
+    assert cli.interval("auto") == "auto" and cli.interval("3") == 3
 
 
 @pytest.mark.parametrize(("main", "args", "line"), [
@@ -78,7 +78,7 @@ def test_another_setting_gets_a_folder_of_its_own(capsys):
     """--report-only without --out names the default folder it looked in: the setting is in its name."""
     assert llama7b.main(["--smoke", "--update-interval", "auto", "--topk-ratio", "0.05", "--report-only"]) == 2
     assert "/topk-ratio-0.05_update-interval-auto'" in capsys.readouterr().err
-    assert cc.setting_name(DEEPSPEED_EXAMPLES_BLOCK, DEEPSPEED_EXAMPLES_BLOCK) == ""  # the default: as before
+    assert cli.setting_name(DEEPSPEED_EXAMPLES_BLOCK, DEEPSPEED_EXAMPLES_BLOCK) == ""  # the default: as before
 
 
 def test_an_out_folder_holding_another_setting_is_refused(tmp_path):
@@ -87,8 +87,8 @@ def test_an_out_folder_holding_another_setting_is_refused(tmp_path):
     RunRecord(engine="ref-zenflow", config=config).write(tmp_path / "ref-zenflow-r0.json")
     RunRecord(engine="ref-offload", config={"zero_optimization": {"zenflow": {"update_interval": 1}}}).write(
         tmp_path / "ref-offload-r0.json")  # a fixed block of its own: not a setting
-    assert cc.setting_problem(tmp_path, block) is None
-    problem = cc.setting_problem(tmp_path, {**block, "update_interval": "auto"})
+    assert cli.setting_problem(tmp_path, block) is None
+    problem = cli.setting_problem(tmp_path, {**block, "update_interval": "auto"})
     assert problem and "ref-zenflow-r0.json: update_interval 2" in problem and "folder of its own" in problem
 
 

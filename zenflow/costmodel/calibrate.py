@@ -51,7 +51,7 @@ from zenflow.costmodel.model import CostModelError
 from zenflow.costmodel.presets import load_calibration
 from zenflow.costmodel.validate import utc_now
 from zenflow.harness.atomic import write_text_atomic
-from zenflow.harness.checks.arguments import int_at_least
+from zenflow.harness.cli import int_at_least
 from zenflow.harness.configs import TINY_LLAMA_SHAPE
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.session import RunSpec, Session, model_facts

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.checks.arguments import refuse
+from zenflow.harness.cli import refuse
 from zenflow.harness.deadline import Deadline
 from zenflow.harness.records import RunRecord, read_records, steps_seconds
 from zenflow.harness.result_sets import StagedPlan

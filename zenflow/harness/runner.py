@@ -23,8 +23,8 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from zenflow.harness.checks.preflight import PreflightError, check_build_locks, torch_extensions_dir
 from zenflow.harness.engines.registry import is_deepspeed, unavailable
+from zenflow.harness.preflight import PreflightError, check_build_locks, torch_extensions_dir
 from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.records import RunRecord, skip_error
 from zenflow.harness.session import RunSpec, Session, failed_record

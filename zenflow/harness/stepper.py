@@ -27,8 +27,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.checks.preflight import check_build_locks
 from zenflow.harness.engines.registry import is_deepspeed
+from zenflow.harness.preflight import check_build_locks
 from zenflow.harness.processes import start_group, stop_group
 from zenflow.harness.records import RunRecord
 from zenflow.harness.runner import child_env, exit_on_sigterm

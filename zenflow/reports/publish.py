@@ -20,7 +20,8 @@ import tempfile
 from pathlib import Path
 
 from zenflow.costmodel import host_ceiling
-from zenflow.harness.checks import gpu as gc
+from zenflow.harness.checks import gpu as gpu_check
+from zenflow.harness.checks import render
 from zenflow.harness.evidence import EvidenceError, unpack
 from zenflow.harness.records import RunRecord
 from zenflow.harness.result_sets import PARTIAL
@@ -107,8 +108,8 @@ def _gpu_check(work: Path, dest: Path) -> str:
     dest.mkdir(parents=True, exist_ok=True)
     record = json.loads((work / "gpu-check" / "gpu-check.json").read_text())
     shutil.copyfile(work / "gpu-check" / "gpu-check.json", dest / "gpu-check.json")
-    write_text_atomic(dest / "table.md", gc.markdown(record))
-    gc.figure(record, dest / "figure.png")
+    write_text_atomic(dest / "table.md", gpu_check.markdown(record))
+    render.figure(record, dest / "figure.png")
     for name in WINDOW_FILES:
         if (work / name).is_file():
             (dest / "window").mkdir(exist_ok=True)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness.checks.preflight import PreflightError, check_async_io
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE, TWIN_FLOW_SUB_GROUPS
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import unavailable
+from zenflow.harness.preflight import PreflightError, check_async_io
 from zenflow.harness.records import RunRecord
 from zenflow.harness.runner import run_in_subprocess
 from zenflow.reports.scenario import engine_rows, regime_notes, table

@@ -223,7 +223,3 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     the whole new one)."""
     write_text_atomic(path, json.dumps(data, indent=1, default=str))
 
-
-def figure(record: dict[str, Any], path: Path) -> Path:
-    """figure.png of a record (render.figure): with `markdown`, what the command and publishing make of one."""
-    return render.figure(record, path)

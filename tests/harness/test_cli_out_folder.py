@@ -1,7 +1,7 @@
-"""An output folder the user cannot write to is refused (zenflow/harness/checks/arguments.py, every reproduce
+"""An output folder the user cannot write to is refused (zenflow/harness/cli.py, every reproduce
 script's --out).
 
-The promises: checks/arguments.py's docstring, "an output folder is checked (a writable folder, or one that can be
+The promises: harness/cli.py's docstring, "an output folder is checked (a writable folder, or one that can be
 created)"; `folder_problem`: "it must be a writable folder, or creatable", with the messages "is a folder this user
 cannot write to" and "cannot be created: ... is not writable"; every bad input is one line on stderr with exit
 status 2. The tests run as root, where `os.access(..., W_OK)` is true for every folder, so write permission is
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.harness.checks import arguments as cc
+from zenflow.harness import cli
 
 
 @pytest.fixture
@@ -35,20 +35,20 @@ def unwritable(monkeypatch, tmp_path):
 
 
 def test_the_fake_leaves_other_folders_writable(unwritable, tmp_path):
-    assert cc.folder_problem(tmp_path) is None  # the control: a writable folder is accepted
+    assert cli.folder_problem(tmp_path) is None  # the control: a writable folder is accepted
 
 
 def test_an_existing_folder_the_user_cannot_write_to_is_refused(unwritable):
-    assert cc.folder_problem(unwritable) == "is a folder this user cannot write to"
+    assert cli.folder_problem(unwritable) == "is a folder this user cannot write to"
 
 
 def test_a_folder_that_would_be_created_inside_an_unwritable_one_is_refused(unwritable):
-    assert cc.folder_problem(unwritable / "new" / "run") == f"cannot be created: {str(unwritable)!r} is not writable"
+    assert cli.folder_problem(unwritable / "new" / "run") == f"cannot be created: {str(unwritable)!r} is not writable"
 
 
 def test_out_refuses_an_unwritable_folder_in_one_line_with_exit_status_2(unwritable, capsys):
-    parser = cc.ArgumentParser(prog="reproduce.py")
-    parser.add_argument("--out", type=cc.out_folder)
+    parser = cli.ArgumentParser(prog="reproduce.py")
+    parser.add_argument("--out", type=cli.out_folder)
     with pytest.raises(SystemExit) as exited:
         parser.parse_args(["--out", str(unwritable)])
     assert exited.value.code == 2

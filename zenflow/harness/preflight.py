@@ -1,7 +1,7 @@
 """Checks before any run: is CUDA usable where a GPU is present (audit item 16), is what the suite imports there.
 
-    python zenflow/harness/checks/preflight.py          # the import check of `make ... VENV=` (stdlib only, no torch)
-    python zenflow/harness/checks/preflight.py --cuda   # also: fail if NVML sees GPUs that torch cannot use
+    python zenflow/harness/preflight.py          # the import check of `make ... VENV=` (stdlib only, no torch)
+    python zenflow/harness/preflight.py --cuda   # also: fail if NVML sees GPUs that torch cannot use
 
 `make <target> VENV=` uses the interpreter at hand (a cluster module, a container) without a virtualenv or pip; this
 file is what it runs instead of the install, so it imports nothing outside the standard library at module level.
@@ -58,7 +58,7 @@ class PreflightError(RuntimeError):
 BUILD_LOCK_STALE_S = 900
 
 
-CHECKOUT = Path(__file__).resolve().parents[3]  # zenflow/harness/checks/preflight.py -> the repository root
+CHECKOUT = Path(__file__).resolve().parents[2]  # zenflow/harness/preflight.py -> the repository root
 
 
 def torch_extensions_dir() -> Path:
