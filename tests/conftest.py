@@ -74,7 +74,7 @@ def feed():
 # test-fast` deselects `slow`; CI runs everything. Markers come from the fixtures a test uses, so nobody has to
 # remember them, and the spawn guard below fails a test that starts an interpreter without `slow` some other way.
 IMPLIES_SLOW = ("ranks", "deepspeed", "script")
-MARKER_OF_FIXTURE = {"torchrun": "ranks", "run_script": "script"}
+MARKER_OF_FIXTURE = {"torchrun": "ranks"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

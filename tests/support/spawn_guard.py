@@ -4,9 +4,7 @@ The fast tier (`make test-fast`, `-m "not slow"`) is the in-process tests. Start
 ranks, DeepSpeed, a reproduce script) costs seconds; a test that does so unmarked would slip into the fast tier and
 slow it down unnoticed. So while an unmarked test runs, `subprocess.Popen` of an interpreter, `os.fork` and
 `multiprocessing`'s `Process.start` are refused, and the test fails naming what it started. Cheap tools (git,
-nvidia-smi, ...) are not interpreters and stay allowed.
-
-ZENFLOW_SPAWN_AUDIT=<file>: append what would be refused to the file instead of refusing (to survey a suite)."""
+nvidia-smi, ...) are not interpreters and stay allowed."""
 
 from __future__ import annotations
 
@@ -89,13 +87,8 @@ class SpawnGuard:
     def check(self, what: str) -> None:
         if self.allowed or self.item is None or os.getpid() != self.pid:
             return
-        message = (f"{self.item.nodeid} starts a process ({what}) but is not marked slow: start it through a "
-                   f"fixture that marks it (torchrun, run_script) or mark the test `slow` (tests/README.md)")
-        audit = os.environ.get("ZENFLOW_SPAWN_AUDIT")
-        if audit:
-            with open(audit, "a") as f:
-                f.write(message + "\n")
-            return
+        message = (f"{self.item.nodeid} starts a process ({what}) but is not marked slow: start ranks through "
+                   f"the torchrun fixture, or mark the test slow, script or deepspeed (tests/README.md)")
         self.refusals.setdefault(self.item.nodeid, message)
         raise SpawnRefused(message)
 
