@@ -10,10 +10,9 @@ from __future__ import annotations
 from zenflow.harness.engines.registry import (  # noqa: F401  (the engines' own constants, re-exported: one place to import)
     DEVICE_FP32_BLOCK,
     OFFLOAD_BLOCK,
-    TWIN_FLOW_RATIO,
-    TWIN_FLOW_SUB_GROUPS,
     engine_names,
 )
+from zenflow.harness.engines.zero import TWIN_FLOW_RATIO, TWIN_FLOW_SUB_GROUPS  # noqa: F401  (re-exported, as above)
 
 # The engines, one row each in registry.py, in table order. ENGINES: all of them; CORE_ENGINES: the engines of
 # docs/design.md §3 (GLUE and gpu-check run these); CONTROL_ENGINES: the same-update-frequency controls (issue 14),
@@ -28,6 +27,7 @@ CORE_ENGINES = engine_names("core")
 CONTROL_ENGINES = engine_names("control")
 PEER_ENGINES = engine_names("peer")
 BEYOND_ENGINES = engine_names("beyond")  # ours beyond the paper (ref-zenflow-da): gpu-check runs them with the core
+
 
 # DeepSpeedExamples' ZenFlow fine-tuning settings (the Llama-2-7B scenario, reproduce/llama7b.py, the benchmarks,
 # gpu-check). GLUE reselects twice as often (its epochs are short): GLUE_BLOCK.

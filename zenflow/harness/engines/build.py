@@ -25,7 +25,8 @@ from zenflow.harness.engines.classes import (
     weight_fingerprints,
 )
 from zenflow.harness.engines.process import resolve_device
-from zenflow.harness.engines.registry import engine_spec, resolve_sub_groups
+from zenflow.harness.engines.registry import engine_spec
+from zenflow.harness.engines.zero import resolve_sub_groups
 from zenflow.telemetry.timeline import StepTimeline
 
 __all__ = ["DeepSpeedEngine", "Engine", "NoOffloadEngine", "TorchEngine", "ZenFlowEngine", "deepspeed_config",

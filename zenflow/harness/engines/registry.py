@@ -7,7 +7,7 @@ somewhere (its class's `unavailable`), and what it holds in memory (its memory f
 
     configs.ENGINES, CORE_/CONTROL_/PEER_ENGINES   the names, in table order (the CLI choices; report.engine_rank)
     configs.DEFAULT_ENGINES                        opt_in (a run without --engines leaves those rows out)
-    engines.deepspeed_config                       zero, zenflow_block, cycle_rule (gradient accumulation)
+    engines.deepspeed_config                       zero (zero.py), zenflow_block, cycle_rule (gradient accumulation)
     engines.make_engine                            engine_class, cycle (DeepSpeedEngine's step kinds),
                                                    repair_weight_view (ds_divergences.py)
     session.RunSpec.cycle                          cycle (timed steps in whole cycles, the summary's cycle means)
@@ -17,7 +17,8 @@ somewhere (its class's `unavailable`), and what it holds in memory (its memory f
     memory_plan.estimate, scale_plan               footprint: memory (memory.py), host_share, cycle_rule
     costmodel.validate                             modelled_as (the cost model's engine for it)
 
-Adding an engine is its class (an Engine subclass) and one row in ROWS; tests/harness/engines/test_registry.py does it.
+Adding an engine is its class (an Engine subclass), one row in ROWS and its row in docs/peers.md's engine table;
+tests/harness/engines/test_registry.py adds one and runs it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from zenflow.harness.engines.optimizer_peers import (
 )
 from zenflow.harness.engines.peers import FSDP2Engine, TorchAOEngine
 from zenflow.harness.engines.sharded import ShardedZenFlowEngine
+from zenflow.harness.engines.zero import TWIN_FLOW_RATIO, not_deepspeed, twin_flow, zero_infinity, zero_offload
 
 # ZeRO-Offload expressed as a ZenFlow block: nothing selected, every step a synchronous host update.
 OFFLOAD_BLOCK = {"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, "overlap_step": False}
@@ -54,11 +56,6 @@ OFFLOAD_BLOCK = {"topk_ratio": 0.0, "update_interval": 1, "select_interval": 1, 
 # from an fp32 master and fp32 moments (torch AdamW's numbers on an fp32 copy: docs/design.md §2's topk_ratio=1 oracle),
 # where no-offload is torch AdamW on the bf16 parameters themselves (small updates round away in bf16).
 DEVICE_FP32_BLOCK = {"topk_ratio": 1.0, "update_interval": 1, "select_interval": 10**9, "overlap_step": False}
-# Twin-Flow: the share of the optimizer's sub-groups DeepSpeed keeps on the host (offload_optimizer.ratio), and how
-# many sub-groups the model is cut into for it (DeepSpeed splits by whole sub-groups; its default sub_group_size of
-# 1e9 elements makes one group of any model under 1B parameters, and then the ratio has nothing to split).
-TWIN_FLOW_RATIO = 0.5
-TWIN_FLOW_SUB_GROUPS = 16
 
 ASKED = "asked"  # zenflow_block of the ZenFlow engines: the run's own block (deepspeed_config's argument)
 # whose system: DeepSpeed's, ZenFlowAdamW, PyTorch's, another project's optimizer in the plain loop (Megatron-core,
@@ -68,30 +65,6 @@ FAMILIES = ("deepspeed", "ours", "pytorch", "other", "bound")
 # core engines); extra: the rest
 GROUPS = ("core", "control", "peer", "beyond", "extra")
 CYCLE_RULES = ("interval", "accumulation", "step")  # steps per cycle: the block's U, the gradient accumulation U, 1
-
-
-# ---- ZeRO blocks: (cuda, nvme_path) -> the zero_optimization block, before its ZenFlow block ---------------------
-def zero_offload(cuda: bool, nvme_path: str | None) -> dict[str, Any]:
-    """ZeRO-2 with the optimizer on the host (ZeRO-Offload); ours read only the ZenFlow block inside it."""
-    return {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": cuda}}
-
-
-def zero_infinity(cuda: bool, nvme_path: str | None) -> dict[str, Any]:
-    """ZeRO-3 with parameters and optimizer on the host, or on NVMe at `nvme_path`."""
-    where = {"device": "nvme", "nvme_path": nvme_path} if nvme_path else {"device": "cpu"}
-    return {"stage": 3, "offload_optimizer": {**where, "pin_memory": cuda},
-            "offload_param": {**where, "pin_memory": cuda}}
-
-
-def twin_flow(cuda: bool, nvme_path: str | None) -> dict[str, Any]:
-    """ZeRO-3 with TWIN_FLOW_RATIO of the optimizer's sub-groups on the host; "auto": resolve_sub_groups."""
-    return {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": cuda, "ratio": TWIN_FLOW_RATIO},
-            "sub_group_size": "auto"}
-
-
-def not_deepspeed(cuda: bool, nvme_path: str | None) -> dict[str, Any]:
-    """Not DeepSpeed: only the config's optimizer, clipping and dtype are read."""
-    return {"stage": 0}
 
 
 # ---- the spec -----------------------------------------------------------------------------------------------------
@@ -251,15 +224,6 @@ def unavailable(engine: str, device: str) -> str | None:
 def zenflow_engines() -> list[EngineSpec]:
     """The ZenFlow engines (each measured against its stall baseline and control), ours first."""
     return sorted((s for s in ENGINE_SPECS.values() if s.stall_baseline), key=lambda s: s.family != "ours")
-
-
-def resolve_sub_groups(ds_config: dict[str, Any], numel: int) -> dict[str, Any]:
-    """sub_group_size "auto" (ds-twin-flow): a model of `numel` parameters in TWIN_FLOW_SUB_GROUPS groups, so that
-    offload_optimizer.ratio has groups to split. The engine's config (and so the run record) holds the number."""
-    zero = ds_config.get("zero_optimization", {})
-    if zero.get("sub_group_size") != "auto":
-        return ds_config
-    return {**ds_config, "zero_optimization": {**zero, "sub_group_size": -(-numel // TWIN_FLOW_SUB_GROUPS)}}
 
 
 def needs_async_io(engines: list[str], nvme_path: str | None) -> bool:
