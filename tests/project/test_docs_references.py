@@ -98,7 +98,7 @@ def test_engine_lists_are_the_registry(doc: Path) -> None:
 
 
 def documented_engines(doc: Path = TABLE_DOC) -> tuple[str, ...]:
-    """The rows of the docs' engine table, in order (tests/harness/engines/test_registry.py reads them too)."""
+    """The rows of the docs' engine table, in order."""
     return tuple(ENGINE_TABLE.findall(doc.read_text()))
 
 
