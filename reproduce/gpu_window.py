@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a bare sc
 
 from zenflow.harness import cli  # noqa: E402
 from zenflow.harness.checks.gpu import CHECKS as GPU_CHECKS  # noqa: E402
+from zenflow.harness.configs import GPU_WINDOW_ENGINES  # noqa: E402
 from zenflow.harness.engines.registry import is_deepspeed  # noqa: E402
 from zenflow.harness.preflight import stale_build_locks, torch_extensions_dir  # noqa: E402
 from zenflow.harness.window import CUT, Phase, Window, WindowClosed  # noqa: E402
@@ -51,9 +52,7 @@ BUDGET_S = 540
 # 4 layers by default: the core five engines take an estimated 3.2-5.6 min at 4 layers on one H100, beside ~2 min of
 # checks, op build and ceiling (gpu-audit-3 §3); 8 layers cost ~1.5x per run and would leave the core five cut.
 LAYERS = 4
-# the paper's comparison first; no-offload before ds-zenflow, the one most likely to hang (its spawned worker)
-ENGINES = ["ref-zenflow", "ref-offload", "ds-zero-offload", "no-offload", "ds-zenflow",
-           "ref-offload-gas", "ds-zero-offload-gas", "ref-zenflow-da", "ref-offload-overlap", "no-offload-fp32"]
+ENGINES = list(GPU_WINDOW_ENGINES)  # in its order (configs.py says why)
 CHECKS = ",".join(c.name for c in GPU_CHECKS if c.window)  # gpu-check's, as its rows say
 PROBE_DS = "import deepspeed, hjson, pydantic"  # the real imports, not find_spec (gpu-audit-3 B3)
 PROBE = PROBE_DS + ", mistral_common"  # all the set brings: the Llama tokenizer's file too (else: UTF-8 bytes)

@@ -39,7 +39,16 @@ import torch
 
 from zenflow.harness import cli, local_inputs, scale_plan
 from zenflow.harness import memory_plan as mp
-from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, DEFAULT_ENGINES, ENGINES, SHAPES, TINY_LLAMA_SHAPE
+from zenflow.harness.configs import (
+    CONVERGENCE_ENGINES,
+    CORE_ENGINES,
+    DEEPSPEED_EXAMPLES_BLOCK,
+    DEFAULT_ENGINES,
+    ENGINES,
+    OVERHEAD_ENGINE,
+    SHAPES,
+    TINY_LLAMA_SHAPE,
+)
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import ASKED, is_deepspeed, needs_async_io, zenflow_engines
 from zenflow.harness.plans import PlannedRun, execute, report_existing
@@ -52,8 +61,8 @@ from zenflow.telemetry.environment import capture_environment
 ROOT = Path(__file__).resolve().parents[1]
 HUB_DEFAULT = "meta-llama/Llama-2-7b-hf"
 # --convergence: 160 timed steps, where the issue-24 nanoGPT trial saw AdamW, ZenFlow sync and overlap and the
-# every-4th-step control apart (2.51 / 2.74 / 2.95 / 2.92); 40 update cycles at U 4. The engines whose step computes
-# something different (every-step, every-U-steps, late, selected, exact-overlapped) and the bound.
+# every-4th-step control apart (2.51 / 2.74 / 2.95 / 2.92); 40 update cycles at U 4. Its engines:
+# configs.CONVERGENCE_ENGINES.
 CONVERGENCE_STEPS = 160
 # Repeats per cell (issue 24): at least 5 here and 3 on a GPU, for a 95% interval of every step time and ratio. At
 # cpu-scale every engine's run costs ~6.5 s of process start, model build and DeepSpeed set-up plus its steps, so 5
@@ -61,8 +70,6 @@ CONVERGENCE_STEPS = 160
 # the first boundary and the overlap's first wait fall in the warm-up). --shape on a GPU host keeps 1 round: its
 # 10-minute command windows (docs/llama7b-gpu.md).
 CPU_REPEATS, GPU_REPEATS, BASE_SEED, OVERHEAD_CHECK_REPEATS = 5, 3, 1234, 2
-CONVERGENCE_ENGINES = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-offload-gas", "ref-zenflow",
-                       "ref-zenflow-da", "ref-offload-overlap", "no-offload")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -233,7 +240,7 @@ def cores_ablation_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -
     cli.distinct(ap, "--cores-ablation", args.cores_ablation)
     splitting = [s.name for s in zenflow_engines() if s.zenflow_block == ASKED]
     if args.engines == list(DEFAULT_ENGINES):
-        args.engines = [e for e in ("ref-zenflow", "ds-zenflow") if e in splitting]
+        args.engines = [e for e in splitting if e in CORE_ENGINES]  # ours first, then DeepSpeed's
     other = [e for e in args.engines if e not in splitting]
     if other:
         ap.error(f"argument --engines: {', '.join(other)} not allowed with --cores-ablation: expected engines that "
@@ -284,14 +291,14 @@ def memory_needs(args: argparse.Namespace, base: int, cuda: bool) -> tuple[mp.Mo
 def plan(args: argparse.Namespace, skips: dict[str, str | None] | None = None,
          estimates: dict[str, float] | None = None) -> list[PlannedRun]:
     """Every (repeat, engine) with telemetry, engines interleaved within a repeat, seed SEED + repeat; then
-    ref-zenflow without telemetry (OVERHEAD_CHECK_REPEATS rounds: the overhead check, not a cell). `estimates`:
-    the memory plan's seconds per engine's run (--deadline-s reads them)."""
+    configs.OVERHEAD_ENGINE without telemetry (OVERHEAD_CHECK_REPEATS rounds: the overhead check, not a cell).
+    `estimates`: the memory plan's seconds per engine's run (--deadline-s reads them)."""
     skips, estimates = skips or {}, estimates or {}
     steps = (4, 4) if args.smoke else (args.warmup_steps, args.timed_steps)
     fractions = args.cores_ablation or [None]  # None: the block as DeepSpeedExamples sets it
     runs = [(r, e, True, f) for r in range(args.repeats) for f in fractions for e in args.engines]
-    if "ref-zenflow" in args.engines and not args.no_overhead_check:
-        runs += [(r, "ref-zenflow", False, None) for r in range(min(args.repeats, OVERHEAD_CHECK_REPEATS))]
+    if OVERHEAD_ENGINE in args.engines and not args.no_overhead_check:
+        runs += [(r, OVERHEAD_ENGINE, False, None) for r in range(min(args.repeats, OVERHEAD_CHECK_REPEATS))]
     planned = []
     for rep, engine, telemetry, fraction in runs:
         block = args.block if fraction is None else {**args.block, "pt_reserved_cores_perc": float(fraction)}

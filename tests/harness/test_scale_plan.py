@@ -68,7 +68,7 @@ def test_a_rank_over_95_percent_of_its_gpu_does_not_fit(monkeypatch):
     of 78 GiB does not fit an 80 GiB GPU (76 GiB usable), one of 75 GiB does."""
     def spec_of(device_gib):
         held = SimpleNamespace(device=device_gib * GiB, pinned=0, pageable=0)
-        return SimpleNamespace(own_block=lambda block: None, memory=lambda spec, inputs: held)
+        return SimpleNamespace(own_block=lambda block: None, footprint=lambda inputs: held)
 
     for device_gib, why in ((78, "GPU 78 GiB"), (75, None)):
         monkeypatch.setattr(sp, "engine_spec", lambda engine, d=device_gib: spec_of(d))

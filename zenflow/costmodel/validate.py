@@ -26,7 +26,7 @@ from zenflow.costmodel.model import Block, Inputs, Prediction, predict
 from zenflow.costmodel.presets import cpu_scale_inputs
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK
 from zenflow.harness.engines.build import deepspeed_config
-from zenflow.harness.engines.registry import is_deepspeed
+from zenflow.harness.engines.registry import engine_spec, is_deepspeed
 from zenflow.harness.records import RunRecord, read_records, steps_seconds
 from zenflow.harness.result_sets import COMPLETE, MARKER
 from zenflow.harness.runner import run_in_subprocess
@@ -41,9 +41,6 @@ BLOCK = Block(DEEPSPEED_EXAMPLES_BLOCK["topk_ratio"], DEEPSPEED_EXAMPLES_BLOCK["
 SEQ16 = "results/llama7b/{hw}"  # the committed seq-16 scenario is the middle validation point
 EXTRA_SEQS = (4, 64, 256)  # with seq 16: host optimizer / compute of ref-offload from ~1.2 down to ~0.6 on this CPU
 QUIET = 0.2  # a run is "quiet" when other heavy jobs ran during less than this fraction of it
-# Harness engine (its registry name) -> the cost model's engine that describes it.
-MODELLED_AS = {"no-offload": "no-offload", "ref-offload": "zero-offload", "ref-zenflow": "zenflow-overlap",
-               "ref-offload-gas": "zero-offload-gas"}  # the same-frequency control (issue 15): where it was run
 VALIDATED = ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "ref-offload-gas", "no-offload")
 # The same-day sample: the points of the verdict's count ("N of 15": our three engines at these five sequences) and
 # the DeepSpeed engines, whose constants are fitted at seq 16 of the same sample. ref-offload-gas (VALIDATED where it
@@ -115,8 +112,9 @@ def deepspeed_constants(cal: dict[str, Any], seq16: dict[str, dict[str, float]])
 
 
 def predict_engine(engine: str, x: Inputs, ds: dict[str, float]) -> Prediction | None:
-    if engine in MODELLED_AS:
-        return predict(x, MODELLED_AS[engine], BLOCK)
+    modelled_as = engine_spec(engine).modelled_as  # the cost model's engine that describes it (its registry row)
+    if modelled_as:
+        return predict(x, modelled_as, BLOCK)
     fb = x.fb_ms + ds.get("ds_fb_overhead_ms", float("nan"))
     if engine == "ds-zero-offload" and "ds_step_ms" in ds:
         t = fb + ds["ds_step_ms"]

@@ -1,7 +1,7 @@
 """The memory plan: what each engine needs of the device and the host for a workload, checked before any run.
 
 Every figure comes from the model's shape (no model is built) and the formula of what each engine allocates (its
-registry row's memory function, registry.py):
+registry row's memory function, engines/memory.py):
 
 - ours (ref-offload, ref-offload-gas, ref-zenflow): `zenflow.host.host_bytes`, the same function the optimizer's
   `host_state_bytes` is tested against (fp32 master, moments and accumulators of the host-owned columns only, the
@@ -30,13 +30,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from zenflow.harness.engines.registry import (  # noqa: F401  (our_host_bytes, pow2: re-exported, the tests read them here)
+from zenflow.harness.engines.memory import (  # noqa: F401  (our_host_bytes, pow2: re-exported, the tests read them here)
     MemoryInputs,
-    engine_spec,
-    is_deepspeed,
     our_host_bytes,
     pow2,
 )
+from zenflow.harness.engines.registry import engine_spec, is_deepspeed
 from zenflow.harness.local_inputs import model_folder
 from zenflow.harness.workloads import CPU_SCALE_VOCAB, RANDOM_MODELS, Workload
 
@@ -197,7 +196,7 @@ def estimate(engine: str, shape: ModelShape, b: int, cuda: bool, block: dict[str
     topk = block.get("topk_ratio", 0.1)
     U = block.get("update_interval", 4) if isinstance(block.get("update_interval", 4), int) else 4
     acts = activation_bytes(shape, seq_len, micro_batch, b)
-    held = spec.memory(spec, MemoryInputs(shape, b, cuda, spec.own_block(block) or {}, acts, base))
+    held = spec.footprint(MemoryInputs(shape, b, cuda, spec.own_block(block) or {}, acts, base))
     device, pinned, pageable = held.device, held.pinned, held.pageable
     if not cuda:  # the device is the CPU: its tensors are host memory, nothing is pinned
         pageable, pinned, device = pageable + pinned + device + retained_gradients(shape, b), 0, 0

@@ -57,7 +57,7 @@ def cell(engine: str, block: dict, shape: ModelShape, world: int, base: int, b: 
     """One engine at `world` ranks of one host: each rank's device bytes, every rank's host bytes and base."""
     spec = engine_spec(engine)
     acts = activation_bytes(shape, SEQ_LEN, MICRO_BATCH, b)
-    held = spec.memory(spec, MemoryInputs(shape, b, True, spec.own_block(block) or {}, acts, base, world))
+    held = spec.footprint(MemoryInputs(shape, b, True, spec.own_block(block) or {}, acts, base, world))
     host = world * (held.pinned + held.pageable + base)
     why = [f"GPU {held.device / GiB:.0f} GiB"] if held.device > GPU_GIB * GiB * HEADROOM else []
     if host > world * HOST_GIB_PER_GPU * GiB * HEADROOM:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from zenflow.costmodel.model import transfer_bytes
+from zenflow.harness.configs import CLAIM_CONVERGENCE_ENGINES, CLAIM_GLUE_ENGINES, CLAIM_TIMED_ENGINES
 from zenflow.harness.records import RunRecord
 from zenflow.harness.when import runs_day
 from zenflow.reports.claim import Files
@@ -202,11 +203,9 @@ def time_to_loss_numbers(f: Files) -> dict[str, Any]:
     timed = f.by(f"{LLAMA_XEON}/table.csv", "engine")
     return {"steps": len(record["steps"]), "target": base["final_smoothed_loss"], "base_s": base["time_to_target_s"],
             "conv_runs": int(base["runs"]),
-            "timed": "; ".join(f"{e} {_speedup(timed[e])}" for e in ("ref-zenflow", "ds-zenflow", "ref-offload",
-                                                                      "ref-offload-gas", "ref-offload-overlap")),
+            "timed": "; ".join(f"{e} {_speedup(timed[e])}" for e in CLAIM_TIMED_ENGINES),
             "runs": int(timed["ref-zenflow"]["runs"]),
-            "engines": "; ".join(said(e) for e in ("ref-zenflow", "ds-zenflow", "ref-offload", "ref-offload-gas",
-                                                    "ref-offload-overlap", "ref-zenflow-da") if e in rows),
+            "engines": "; ".join(said(e) for e in CLAIM_CONVERGENCE_ENGINES if e in rows),
             "llama_zf": outcome(rows["ref-zenflow"], "time_to_loss_speedup", "rounds"),
             "llama_held": held(rows["ref-zenflow"], "time_to_loss_speedup"),
             **glue_curve_numbers(f), **ds_target_numbers(f), **ran(f, f"{CONVERGENCE}/ref-zenflow-r0.json")}
@@ -254,7 +253,7 @@ def glue_curve_numbers(f: Files) -> dict[str, Any]:
             "glue_base_s": base["time_to_target_s"],
             "glue_zf": outcome(rows["ref-zenflow"], "time_to_accuracy_speedup", "seeds"),
             "glue_held": held(rows["ref-zenflow"], "time_to_accuracy_speedup"),
-            "glue": "; ".join(said(e) for e in ("ref-zenflow", "ds-zenflow", "ref-offload", "no-offload") if e in rows)}
+            "glue": "; ".join(said(e) for e in CLAIM_GLUE_ENGINES if e in rows)}
 
 
 def peers_numbers(f: Files) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zenflow.harness.configs import PAPER_ENGINES
 from zenflow.harness.deadline import OUT_OF_TIME
 from zenflow.harness.engines.registry import ENGINE_SPECS, engine_names
 from zenflow.harness.memory_plan import NEEDS
@@ -28,10 +29,6 @@ from zenflow.reports.intervals import ratio_cell, row_interval
 from zenflow.telemetry.machine_load import busy as machine_busy
 
 BASELINE = "ds-zero-offload"  # every engine's speedup is this engine's step time over its own
-# The paper's Figure 1 comparison, top to bottom: DeepSpeed's ZeRO-Offload and ZenFlow (and the intended-behaviour
-# variant where it ran), ours, and the bound. ds-zenflow-intended may have no record (nor registry row) yet.
-PAPER_ENGINES = ("ds-zero-offload", "ds-zenflow", "ds-zenflow-intended", "ref-offload", "ref-zenflow",
-                 "ref-zenflow-da", "no-offload")
 WIDTH_IN = 9.2  # 1196 px at FIGURE_DPI 130: the whole figure fits a 1200 px page unscaled
 FONT = 9  # pt, the smallest text drawn
 BAR_IN, PANEL_IN = 0.34, 0.85  # inches per bar, and per panel for its title, ticks and axis label

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from zenflow.costmodel import host_ceiling
-from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, PEER_ENGINES
+from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, OVERHEAD_ENGINE, PEER_ENGINES
 from zenflow.harness.deadline import OUT_OF_TIME
 from zenflow.harness.engines.registry import ASKED, ENGINE_SPECS, engine_names, zenflow_engines
 from zenflow.harness.memory_plan import NEEDS
@@ -294,17 +294,16 @@ def regime_notes(rows: list[dict[str, Any]], records: list[RunRecord],
     notes += [f"- ref-zenflow / {r['denominator']} = {r['cell'].replace('×', '')} ({r['kind']})" for r in ratios
               if r["kind"].startswith("target")]
     own = [r.summary["telemetry_ms"] / r.summary["cycle_mean_ms"] for r in records if r.status == "ok"
-           and r.engine == "ref-zenflow" and r.summary.get("telemetry_ms") is not None and r.summary["cycle_mean_ms"]]
+           and r.engine == OVERHEAD_ENGINE and r.summary.get("telemetry_ms") is not None and r.summary["cycle_mean_ms"]]
     if own:
         notes.append(f"- Telemetry overhead, measured directly (time inside the timeline's callbacks / step time, "
-                     f"ref-zenflow): {100 * statistics.median(own):.4f}% (target ≤ 1%)")
-    with_t = [r.summary["cycle_mean_ms"] for r in records if r.status == "ok" and r.engine == "ref-zenflow"
-              and r.protocol.get("telemetry", True)]
-    without = [r.summary["cycle_mean_ms"] for r in records if r.status == "ok" and r.engine == "ref-zenflow"
-               and not r.protocol.get("telemetry", True)]
+                     f"{OVERHEAD_ENGINE}): {100 * statistics.median(own):.4f}% (target ≤ 1%)")
+    checked = [r for r in records if r.status == "ok" and r.engine == OVERHEAD_ENGINE]
+    with_t = [r.summary["cycle_mean_ms"] for r in checked if r.protocol.get("telemetry", True)]
+    without = [r.summary["cycle_mean_ms"] for r in checked if not r.protocol.get("telemetry", True)]
     if with_t and without:
         overhead = statistics.median(with_t) / statistics.median(without) - 1
-        notes.append(f"- Same run with vs without the optimizer observer (ref-zenflow, median of runs): "
+        notes.append(f"- Same run with vs without the optimizer observer ({OVERHEAD_ENGINE}, median of runs): "
                      f"{100 * overhead:+.1f}% (separate runs: this includes the run-to-run noise of a shared "
                      "machine; the direct measurement above isolates the telemetry itself)")
     notes += host_state_notes(records)

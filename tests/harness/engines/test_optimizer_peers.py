@@ -7,8 +7,8 @@ import importlib.util
 
 import pytest
 
+from zenflow.harness.engines import memory, registry
 from zenflow.harness.engines import optimizer_peers as op
-from zenflow.harness.engines import registry
 from zenflow.harness.memory_plan import ModelShape
 
 
@@ -43,15 +43,16 @@ def test_memory_rows(cuda: bool) -> None:
     """Offload fraction 0 would be no-offload-fp32's device footprint; 1.0 moves all 12 B of state to the host;
     8-bit AdamW adds 2 B per parameter (and its block scales) to no-offload's training footprint."""
     shape = ModelShape.from_workload({"model": "cpu-scale"})
-    m = registry.MemoryInputs(shape=shape, b=2, cuda=cuda, block={}, acts=1000, base=0)
-    fp32 = registry.memory_device_fp32(registry.ENGINE_SPECS["no-offload-fp32"], m)
+    m = memory.MemoryInputs(shape=shape, b=2, cuda=cuda, block={}, acts=1000, base=0)
+    fp32 = registry.ENGINE_SPECS["no-offload-fp32"].footprint(m)
+    assert registry.ENGINE_SPECS["no-offload-fp32"].memory is memory.memory_device_fp32
     spec = registry.ENGINE_SPECS["megatron-hybrid-0.5"]
-    zero = registry.memory_megatron_hybrid(registry.EngineSpec("x", spec.engine_class, "other", "peer",
-                                                               host_share=0.0), m)
+    zero = registry.EngineSpec("x", spec.engine_class, "other", "peer", memory=spec.memory, host_share=0.0).footprint(m)
     assert zero.device == fp32.device and zero.pinned == 0 and zero.pageable == 0
-    half, whole = (registry.memory_megatron_hybrid(registry.ENGINE_SPECS[f"megatron-hybrid-{f}"], m)
-                   for f in (0.5, 1.0))
+    half, whole = (registry.ENGINE_SPECS[f"megatron-hybrid-{f}"].footprint(m) for f in (0.5, 1.0))
+    assert spec.memory is memory.memory_megatron_hybrid
     assert half.device != fp32.device and whole.device == m.trained
     assert whole.pageable == 8 * shape.params and whole.pinned >= 8 * shape.params
-    eight = registry.memory_device_8bit(registry.ENGINE_SPECS["torchao-adamw8bit"], m)
+    eight = registry.ENGINE_SPECS["torchao-adamw8bit"].footprint(m)
+    assert registry.ENGINE_SPECS["torchao-adamw8bit"].memory is memory.memory_device_8bit
     assert eight.device - m.trained == 2 * shape.params + 8 * shape.params // 256

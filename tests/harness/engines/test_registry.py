@@ -1,7 +1,7 @@
 """The engine registry (zenflow/harness/engines/registry.py): one row per engine, and everything reads it. Adding an
-engine
-is one class plus one row: a dummy engine registered here runs through the same path as the real ones (config, class,
-cycle, session, record, table order, memory plan), with no other file changed."""
+engine is one class plus one row (and its line in the docs' engine table): a dummy engine registered here runs through
+the same path as the real ones (config, class, cycle, session, record, table order, memory plan), with no other file
+changed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from zenflow.costmodel.validate import MODELLED_AS, VALIDATED
+from zenflow.costmodel.model import ENGINES as MODELLED_ENGINES
+from zenflow.costmodel.validate import VALIDATED
 from zenflow.harness import configs, memory_plan
 from zenflow.harness.engines import registry
 from zenflow.harness.engines.build import TorchEngine, deepspeed_config, make_engine
@@ -84,22 +85,51 @@ def test_make_engine_builds_the_rows_class_and_refuses_a_name_not_registered(dum
     assert isinstance(engine, SGDEngine) and isinstance(engine.optimizer, torch.optim.SGD) and engine.cycle == 2
 
 
+# The engines as this test was written, in table order. The whole list, and a new engine's place in it, is pinned by
+# the docs' one engine table (its rows must be configs.ENGINES, in order): adding an engine is its class, its row and
+# its line in that table, and the pins here hold for the engines below whatever is added.
+KNOWN = ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ds-zenflow-intended", "ds-zero-infinity",
+         "ds-twin-flow", "ref-offload", "ref-offload-gas", "ref-zenflow", "ref-zenflow-da", "ref-zenflow-fsdp2",
+         "ref-offload-overlap", "fsdp2-offload", "torchao-offload", "megatron-hybrid-0.1", "megatron-hybrid-0.5",
+         "megatron-hybrid-1.0", "torchao-adamw8bit", "bnb-adamw8bit", "no-offload", "no-offload-fp32")
+
+
+def documented_engines() -> tuple[str, ...]:
+    """The rows of the docs' one engine table, in order (tests/project/test_docs_references.py checks that it is the
+    only one and that every backticked engine name in the docs is registered)."""
+    return tuple(re.findall(r"^\| `([^`]+)` \|", (ROOT / "docs" / "peers.md").read_text(), re.M))
+
+
+def known(engines: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(e for e in engines if e in KNOWN)
+
+
 def test_the_rows_are_the_engine_lists_in_table_order():
     assert configs.ENGINES == tuple(spec.name for spec in registry.ROWS) == registry.engine_names()
-    assert configs.ENGINES == ("ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ds-zenflow-intended",
-                               "ds-zero-infinity", "ds-twin-flow", "ref-offload", "ref-offload-gas", "ref-zenflow",
-                               "ref-zenflow-da", "ref-zenflow-fsdp2", "ref-offload-overlap", "fsdp2-offload",
-                               "torchao-offload", "megatron-hybrid-0.1", "megatron-hybrid-0.5", "megatron-hybrid-1.0",
-                               "torchao-adamw8bit", "bnb-adamw8bit", "no-offload", "no-offload-fp32")
+    assert configs.ENGINES == documented_engines()  # the docs' engine table: every row, in order
+    assert known(configs.ENGINES) == KNOWN
     # a run without --engines: every row but the opt-in ones (what the committed result sets ran)
-    assert configs.DEFAULT_ENGINES == tuple(e for e in configs.ENGINES
-                                            if e not in ("ds-zenflow-intended", "ref-zenflow-fsdp2"))
-    assert configs.CORE_ENGINES == ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
-    assert configs.CONTROL_ENGINES == ("ds-zero-offload-gas", "ref-offload-gas")
-    assert configs.PEER_ENGINES == ("ds-zero-infinity", "ds-twin-flow", "ref-offload-overlap", "fsdp2-offload",
-                                    "torchao-offload", "megatron-hybrid-0.1", "megatron-hybrid-0.5",
-                                    "megatron-hybrid-1.0", "torchao-adamw8bit", "bnb-adamw8bit")
+    assert configs.DEFAULT_ENGINES == tuple(e for e in configs.ENGINES if not engine_spec(e).opt_in)
+    assert known(configs.DEFAULT_ENGINES) == tuple(e for e in KNOWN
+                                                   if e not in ("ds-zenflow-intended", "ref-zenflow-fsdp2"))
+    assert known(configs.CORE_ENGINES) == ("ds-zero-offload", "ds-zenflow", "ref-offload", "ref-zenflow", "no-offload")
+    assert known(configs.CONTROL_ENGINES) == ("ds-zero-offload-gas", "ref-offload-gas")
+    assert known(configs.PEER_ENGINES) == ("ds-zero-infinity", "ds-twin-flow", "ref-offload-overlap", "fsdp2-offload",
+                                           "torchao-offload", "megatron-hybrid-0.1", "megatron-hybrid-0.5",
+                                           "megatron-hybrid-1.0", "torchao-adamw8bit", "bnb-adamw8bit")
+    assert (configs.CORE_ENGINES, configs.CONTROL_ENGINES) == (known(configs.CORE_ENGINES),
+                                                               known(configs.CONTROL_ENGINES))  # nothing added
     assert [e for e in configs.ENGINES if is_deepspeed(e)] == [e for e in configs.ENGINES if e.startswith("ds-")]
+
+
+def test_every_named_engine_subset_names_registered_engines():
+    """The subsets a script runs or a page shows are named once, in configs.py, from the registry's names."""
+    subsets = {name: getattr(configs, name) for name in ("PAPER_ENGINES", "CONVERGENCE_ENGINES", "GPU_WINDOW_ENGINES",
+                                                         "SMOKE_ENGINES", "CLAIM_TIMED_ENGINES",
+                                                         "CLAIM_CONVERGENCE_ENGINES", "CLAIM_GLUE_ENGINES")}
+    for name, engines in subsets.items():
+        assert engines and set(engines) <= set(ENGINE_SPECS) and len(set(engines)) == len(engines), name
+    assert configs.OVERHEAD_ENGINE in ENGINE_SPECS and engine_spec(configs.OVERHEAD_ENGINE).zenflow_block == "asked"
 
 
 def test_every_name_a_row_points_at_is_a_row():
@@ -112,7 +142,12 @@ def test_every_name_a_row_points_at_is_a_row():
         "ds-zenflow": ("ds-zero-offload", "ds-zero-offload-gas"),
         "ds-zenflow-intended": ("ds-zero-offload", "ds-zero-offload-gas")}
     assert FAMILIES == {"DeepSpeed": ("ds-zenflow", "ds-zero-offload"), "ours": ("ref-zenflow", "ref-offload")}
-    assert set(MODELLED_AS) | set(VALIDATED) <= set(ENGINE_SPECS)  # the cost model maps registry names
+    assert set(VALIDATED) <= set(ENGINE_SPECS)  # the cost model validates registry names
+    # the cost model's engine for each engine it predicts: EngineSpec.modelled_as, one of the cost model's engines
+    modelled = {s.name: s.modelled_as for s in registry.ROWS if s.modelled_as}
+    assert modelled == {"ref-offload": "zero-offload", "ref-offload-gas": "zero-offload-gas",
+                        "ref-zenflow": "zenflow-overlap", "no-offload": "no-offload"}
+    assert set(modelled.values()) <= set(MODELLED_ENGINES)
 
 
 @pytest.mark.parametrize("engine", configs.ENGINES)
@@ -128,7 +163,7 @@ def test_one_cycle_rule_for_the_run_and_the_engine(engine):
 
 
 def test_stall_includes_io_is_the_classes_and_the_table_reads_the_stall_baseline():
-    assert [s.name for s in registry.ROWS if s.stall_includes_io] == [
+    assert [s.name for s in registry.ROWS if s.stall_includes_io and s.name in KNOWN] == [
         "ds-zero-offload", "ds-zero-offload-gas", "ds-zenflow", "ds-zenflow-intended", "ds-zero-infinity",
         "ds-twin-flow", "fsdp2-offload", "torchao-offload", "megatron-hybrid-0.1", "megatron-hybrid-0.5",
         "megatron-hybrid-1.0"]

@@ -21,7 +21,7 @@ from zenflow.harness.checks.differential import differential_check
 from zenflow.harness.checks.memory import memory_check
 from zenflow.harness.checks.pcie import pcie_check
 from zenflow.harness.checks.verdict import check, guarded, pending
-from zenflow.harness.configs import BEYOND_ENGINES, CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK
+from zenflow.harness.configs import BEYOND_ENGINES, CORE_ENGINES, DEEPSPEED_EXAMPLES_BLOCK, SMOKE_ENGINES
 from zenflow.harness.engines.build import deepspeed_config
 from zenflow.harness.engines.registry import is_deepspeed
 from zenflow.harness.records import RunRecord
@@ -81,7 +81,7 @@ def engine_plan(cuda: bool, smoke: bool) -> list[tuple[str, dict[str, Any], dict
     small = {"model": "cpu-scale", "dtype": "bf16", "seq_len": 512, "micro_batch": 1, "data": "synthetic"}
     engines = CORE_ENGINES + BEYOND_ENGINES  # the paper's comparison and ours beyond it (ref-zenflow-da)
     if smoke:
-        return [(e, tiny, {"warmup_steps": 2, "timed_steps": 4}) for e in ("ref-offload", "ref-zenflow")]
+        return [(e, tiny, {"warmup_steps": 2, "timed_steps": 4}) for e in SMOKE_ENGINES]
     if not cuda:
         return [(e, tiny, {"warmup_steps": 2, "timed_steps": 4}) for e in engines]
     return [(e, small, {"warmup_steps": 8, "timed_steps": 16}) for e in engines]

@@ -20,15 +20,17 @@ from zenflow.harness.engines.classes import (
     Engine,
     NoOffloadEngine,
     TorchEngine,
+    ZenFlowEngine,
     fingerprints,
-    resolve_device,
     weight_fingerprints,
 )
-from zenflow.harness.engines.registry import engine_spec, resolve_sub_groups
+from zenflow.harness.engines.process import resolve_device
+from zenflow.harness.engines.registry import engine_spec
+from zenflow.harness.engines.zero import resolve_sub_groups
 from zenflow.telemetry.timeline import StepTimeline
 
-__all__ = ["DeepSpeedEngine", "Engine", "NoOffloadEngine", "TorchEngine", "deepspeed_config", "fingerprints",
-           "init_warnings", "make_engine", "resolve_device"]
+__all__ = ["DeepSpeedEngine", "Engine", "NoOffloadEngine", "TorchEngine", "ZenFlowEngine", "deepspeed_config",
+           "fingerprints", "init_warnings", "make_engine", "resolve_device"]
 
 
 def deepspeed_config(engine: str, zenflow_block: dict[str, Any], dtype: str, micro_batch: int, lr: float,

@@ -6,8 +6,6 @@ update cycle, is its row in registry.py, and build.py builds it (make_engine).
 from __future__ import annotations
 
 import importlib.util
-import os
-import socket
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -16,7 +14,7 @@ import torch
 
 from zenflow import ZenFlowAdamW
 from zenflow.harness.engines.ds_divergences import repair_zenflow_weight_view, weight_view_record
-from zenflow.hooks import Observed
+from zenflow.harness.engines.process import join_ranks, pin_deepspeed_to_cpu, resolve_device, single_process_env
 from zenflow.overlapped_offload import OverlappedOffloadAdamW
 from zenflow.telemetry.timeline import StepTimeline
 
@@ -71,8 +69,9 @@ class Engine:
 
 
 class TorchEngine(Engine):
-    """ref-offload(-gas), ref-zenflow, no-offload-fp32: ZenFlowAdamW in a plain torch loop (gradient accumulation:
-    -gas). A subclass trains with another optimizer by overriding `build_optimizer` (and `clip`)."""
+    """A torch optimizer in a plain torch loop (gradient accumulation: the -gas controls). A subclass says which
+    optimizer (`build_optimizer`) and how it clips (`clip`): ours (ObservedEngine, ZenFlowEngine), torch AdamW
+    (NoOffloadEngine), another project's (optimizer_peers.py)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -80,21 +79,15 @@ class TorchEngine(Engine):
         self.micro_steps = 0
         ranks = join_ranks(self.device)  # under torchrun: this rank's device; the process group is up
         self.device = ranks or self.device
-        self.model.to(self.device)  # the spec's device, not whatever is available (audit items 7, 26)
+        self.model.to(self.device)  # the spec's device, not whatever is available
         self.clipping = self.ds_config["gradient_clipping"]
         self.optimizer = self.build_optimizer(distributed=ranks is not None)
-        if self.telemetry and isinstance(self.optimizer, Observed):  # ours: the timeline sees its copies and waits
-            self.optimizer.add_observer(self.timeline)
-
-    accumulate_on = "host"  # where ZenFlowAdamW sums the unselected columns between boundaries (docs/library.md)
 
     def build_optimizer(self, distributed: bool) -> Any:
-        """ZenFlowAdamW, which does its own data parallelism over the default group (docs/distributed.md)."""
-        return ZenFlowAdamW.from_deepspeed_config(self.model.parameters(), self.ds_config,
-                                                  accumulate_on=self.accumulate_on)
+        raise NotImplementedError
 
     def clip(self) -> None:
-        pass  # ZenFlowAdamW clips inside its step
+        pass  # the optimizer clips inside its step (ours)
 
     def forward_backward(self, batch: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         loss = self.model(**model_inputs(batch, self.device)).loss
@@ -105,37 +98,62 @@ class TorchEngine(Engine):
         self.micro_steps += 1
         if self.micro_steps % self.accumulation:
             return "accumulate"  # gradients accumulate on the device, as DeepSpeed's gradient accumulation
-        updates = getattr(self.optimizer, "host_updates", None)
         self.clip()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if not isinstance(self.optimizer, ZenFlowAdamW):
-            return "update"
+        return "update"
+
+
+class ObservedEngine(TorchEngine):
+    """One of our optimizers (hooks.Observed: ZenFlowAdamW, OverlappedOffloadAdamW): the timeline sees its copies
+    and waits, it counts its own bytes and host state, and it has a host worker to stop."""
+
+    optimizer: Any  # an Observed optimizer
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.telemetry:
+            self.optimizer.add_observer(self.timeline)
+
+    def transfer_bytes(self) -> dict[str, int] | None:
+        return {f"{d}_{k}": n for (d, k), n in self.optimizer.transfer_bytes.items()}
+
+    def host_state_bytes(self) -> int | None:
+        return self.optimizer.host_state_bytes
+
+    def close(self) -> None:
+        self.optimizer.close()  # stop the host worker (the process group stays: a rank child exits without teardown)
+
+
+class ZenFlowEngine(ObservedEngine):
+    """ref-offload(-gas), ref-zenflow, no-offload-fp32: ZenFlowAdamW in the plain torch loop, its block from the
+    row; its step kind is what the optimizer did (a warm-up step, a host update, or accumulation)."""
+
+    optimizer: ZenFlowAdamW
+    accumulate_on = "host"  # where ZenFlowAdamW sums the unselected columns between boundaries (docs/library.md)
+
+    def build_optimizer(self, distributed: bool) -> ZenFlowAdamW:
+        """ZenFlowAdamW, which does its own data parallelism over the default group (docs/distributed.md)."""
+        return ZenFlowAdamW.from_deepspeed_config(self.model.parameters(), self.ds_config,
+                                                  accumulate_on=self.accumulate_on)
+
+    def optimizer_step(self) -> str:
+        updates = self.optimizer.host_updates
+        if super().optimizer_step() == "accumulate":
+            return "accumulate"
         if self.optimizer.t <= self.optimizer.config.full_warm_up_rounds:
             return "warmup"
         return "update" if self.optimizer.host_updates > updates else "accumulate"
 
-    def transfer_bytes(self) -> dict[str, int] | None:
-        if not isinstance(self.optimizer, Observed):  # torch's optimizers count nothing
-            return None
-        return {f"{d}_{k}": n for (d, k), n in self.optimizer.transfer_bytes.items()}
-
-    def host_state_bytes(self) -> int | None:
-        return getattr(self.optimizer, "host_state_bytes", None)  # ours hold host state; torch's do not
-
     def zenflow_facts(self) -> dict[str, Any] | None:
         opt = self.optimizer
-        if not isinstance(opt, ZenFlowAdamW) or not opt.config.topk_ratio:
-            return None  # plain AdamW, or our ZeRO-Offload (topk 0: nothing is ever selected)
+        if not opt.config.topk_ratio:
+            return None  # our ZeRO-Offload (topk 0: nothing is ever selected)
         return {"select_interval": opt.select_interval, "update_interval": opt.config.update_interval,
                 "selections": opt.selections, "host_updates": opt.host_updates, "counted_by": "ZenFlowAdamW"}
 
-    def close(self) -> None:
-        if isinstance(self.optimizer, Observed):  # ours: stop the host worker
-            self.optimizer.close()  # (the process group stays: a rank child exits without teardown, runner.py)
 
-
-class DeviceAccumulationEngine(TorchEngine):
+class DeviceAccumulationEngine(ZenFlowEngine):
     """ref-zenflow-da: ZenFlowAdamW summing the unselected columns' gradients on the device and shipping the sum once
     per update interval (`accumulate_on="device"`, beyond the paper: issue 25); the host runs only the deferred AdamW.
     Same parameters as ref-zenflow (tests/core/test_device_accumulation.py), fewer bytes per step for U > 4/b."""
@@ -143,7 +161,7 @@ class DeviceAccumulationEngine(TorchEngine):
     accumulate_on = "device"
 
 
-class OverlappedOffloadEngine(TorchEngine):
+class OverlappedOffloadEngine(ObservedEngine):
     """ref-offload-overlap: ZeRO-Offload with each parameter's host AdamW started during backward, exact AdamW (no
     staleness, nothing selected): the control issue 24 asks for beside ZenFlow (zenflow/overlapped_offload.py)."""
 
@@ -295,58 +313,3 @@ def model_inputs(batch: torch.Tensor | dict[str, torch.Tensor], device: torch.de
         return {k: v.to(device) for k, v in batch.items()}
     batch = batch.to(device)
     return {"input_ids": batch, "labels": batch}
-
-
-def resolve_device(device: str) -> torch.device:
-    """The workload's device: "auto" is CUDA when available, else the CPU; "cpu" forces the CPU (the cpu-scale
-    workload of bench and the golden curve, so they mean the same on a GPU host); "cuda[:N]" must be usable."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError as exc:
-        raise ValueError(f"device = {device!r} is not allowed: expected 'auto', 'cpu' or 'cuda[:N]'") from exc
-    if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device = {device!r} is not allowed: expected 'auto', 'cpu' or 'cuda[:N]'")
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device = {device!r} but torch.cuda.is_available() is False (torch {torch.__version__}, "
-                         f"built for CUDA {torch.version.cuda})")
-    return resolved
-
-
-def pin_deepspeed_to_cpu() -> None:
-    """DS_ACCELERATOR=cpu before DeepSpeed first resolves its accelerator (it caches the choice per process; the
-    harness also sets it in the child's environment, since capturing the environment resolves it first)."""
-    ds_accel = sys.modules.get("deepspeed.accelerator.real_accelerator")
-    chosen = getattr(ds_accel, "ds_accelerator", None) if ds_accel else None
-    if chosen is not None and chosen.device_name() != "cpu":
-        raise RuntimeError(f"device = 'cpu' but DeepSpeed already chose the {chosen.device_name()!r} accelerator "
-                           "in this process; run the cpu workload in a fresh process (the harness does)")
-    os.environ["DS_ACCELERATOR"] = "cpu"
-
-
-def join_ranks(device: torch.device, single: bool = False) -> torch.device | None:
-    """Under torchrun (WORLD_SIZE > 1): start the default process group (nccl on GPUs, gloo on the CPU) and return
-    this rank's device; None for a single process, unless `single` (FSDP2 needs a group of one): then that group on
-    a loopback rendezvous, and `device` as given."""
-    alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
-    if alone and not single:
-        return None
-    if alone:
-        single_process_env()
-    if device.type == "cuda":
-        device = device if alone else torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return device
-
-
-def single_process_env() -> None:
-    """torch.distributed needs a rendezvous even for one process; use a free loopback port."""
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(key, value)

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from zenflow.harness.engines.classes import Engine, adamw_args, fingerprints, join_ranks, model_inputs
+from zenflow.harness.engines.classes import Engine, adamw_args, fingerprints, model_inputs
+from zenflow.harness.engines.process import join_ranks
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 
 from zenflow import ZenFlowAdamW
-from zenflow.harness.engines.classes import TorchEngine, fingerprints, join_ranks
+from zenflow.harness.engines.classes import ZenFlowEngine, fingerprints
 from zenflow.harness.engines.peers import decoder_layers, fsdp2_missing
+from zenflow.harness.engines.process import join_ranks
 
 
-class ShardedZenFlowEngine(TorchEngine):
+class ShardedZenFlowEngine(ZenFlowEngine):
     """ZenFlowAdamW on the DTensor parameters of a model sharded by FSDP2 (a process group even for one rank)."""
 
     @classmethod
