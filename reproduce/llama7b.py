@@ -64,7 +64,7 @@ HUB_DEFAULT = "meta-llama/Llama-2-7b-hf"
 # every-4th-step control apart (2.51 / 2.74 / 2.95 / 2.92); 40 update cycles at U 4. Its engines:
 # configs.CONVERGENCE_ENGINES.
 CONVERGENCE_STEPS = 160
-# Repeats per cell (issue 24): at least 5 here and 3 on a GPU, for a 95% interval of every step time and ratio. At
+# Repeats per cell: at least 5 here and 3 on a GPU, for a 95% interval of every step time and ratio. At
 # cpu-scale every engine's run costs ~6.5 s of process start, model build and DeepSpeed set-up plus its steps, so 5
 # rounds of 14 engines fit 15 minutes on the 2-core VM with 4 warm-up + 8 timed steps (2 whole update cycles at U 4;
 # the first boundary and the overlap's first wait fall in the warm-up). --shape on a GPU host keeps 1 round: its

@@ -11,7 +11,7 @@ from zenflow.harness import memory_plan as mp
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, SHAPES
 from zenflow.harness.runner import run_in_subprocess
 
-H100_HOST = mp.Host.simulated(126, 80)  # the GPU host of gpu-audit-2: one H100 80 GB, ~126 GiB of host memory
+H100_HOST = mp.Host.simulated(126, 80)  # a lent GPU host: one H100 80 GB, ~126 GiB of host memory
 BASE = 2 * mp.GiB
 LLAMA2_7B = mp.ModelShape(32000, SHAPES["llama2-7b"]["hidden"], SHAPES["llama2-7b"]["intermediate"], 32, 32, 32)
 

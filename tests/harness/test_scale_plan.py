@@ -64,7 +64,7 @@ def test_the_table_has_a_row_per_model_and_host_and_a_column_per_engine():
 
 
 def test_a_rank_over_95_percent_of_its_gpu_does_not_fit(monkeypatch):
-    """Audit 4 SP1: the device verdict leaves the plan's headroom (the header: "95% of each GPU ... usable"): a rank
+    """The device verdict leaves the plan's headroom (the header: "95% of each GPU ... usable"): a rank
     of 78 GiB does not fit an 80 GiB GPU (76 GiB usable), one of 75 GiB does."""
     def spec_of(device_gib):
         held = SimpleNamespace(device=device_gib * GiB, pinned=0, pageable=0)

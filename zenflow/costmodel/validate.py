@@ -3,7 +3,7 @@
 Our engines are predicted from the calibration alone (no end-to-end run is fitted); DeepSpeed on the CPU accelerator
 gets constants of its own, fitted on the sequence-16 records and tested at the other sequences.
 
-Two sets of runs can be validated against (issue 26): the full validation (`validation/seqN/`, seq 16 from
+Two sets of runs can be validated against: the full validation (`validation/seqN/`, seq 16 from
 `results/llama7b/<hw>/` where it has none: 2 runs per point, ≈30 min) and the same-day sample that `make project`
 takes after calibrating (`validation-sample/seqN/`: 1 run per point). This VM's speed changes between days, so a
 calibration is compared only with runs taken within MAX_AGE_H of it (`dating`); records and calibrations carry the
@@ -243,7 +243,7 @@ def _startup_s(hw: str, root: Path) -> float:
     return statistics.median(startups(f"results/llama7b/{hw}") or startups("results/llama7b/*"))
 
 
-# ---- when runs and calibration were taken (issue 26) -----------------------------------------------------------
+# ---- when runs and calibration were taken -------------------------------------------------------------------
 def runs_span(hw: str, root: Path = ROOT, runs: str = "full") -> tuple[Span, bool]:
     """When the runs a validation reads were taken, and whether git had to say (records without `taken_at`)."""
     spans, by_git = [], False

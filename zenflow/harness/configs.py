@@ -15,9 +15,9 @@ from zenflow.harness.engines.registry import (  # noqa: F401  (the engines' own 
 from zenflow.harness.engines.zero import TWIN_FLOW_RATIO, TWIN_FLOW_SUB_GROUPS  # noqa: F401  (re-exported, as above)
 
 # The engines, one row each in registry.py, in table order. ENGINES: all of them; CORE_ENGINES: the engines of
-# docs/design.md §3 (GLUE and gpu-check run these); CONTROL_ENGINES: the same-update-frequency controls (issue 14),
+# docs/design.md §3 (GLUE and gpu-check run these); CONTROL_ENGINES: the same-update-frequency controls,
 # ZeRO-Offload with gradient accumulation = the ZenFlow update interval, so its host optimizer runs as often as
-# ZenFlow's; PEER_ENGINES: the peers a user would pick instead (issue 14), DeepSpeed's ZeRO-Infinity and Twin-Flow,
+# ZenFlow's; PEER_ENGINES: the peers a user would pick instead, DeepSpeed's ZeRO-Infinity and Twin-Flow,
 # PyTorch's FSDP2 with CPUOffloadPolicy and torchao's CPUOffloadOptimizer (CUDA only: "not run here" on a CPU).
 ENGINES = engine_names()
 # What a run without --engines runs (reproduce/llama7b.py): every row but the opt-in ones (EngineSpec.opt_in:

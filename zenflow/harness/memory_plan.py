@@ -6,7 +6,7 @@ registry row's memory function, engines/memory.py):
 - ours (ref-offload, ref-offload-gas, ref-zenflow): `zenflow.host.host_bytes`, the same function the optimizer's
   `host_state_bytes` is tested against (fp32 master, moments and accumulators of the host-owned columns only, the
   pinned staging as one arena, no power-of-two rounding);
-- DeepSpeed and the PyTorch peers: the buffers their sources allocate (../shared/reviews/gpu-audit-2.md, §1), with
+- DeepSpeed and the PyTorch peers: the buffers their sources allocate (read from their sources), with
   torch's pinned-memory rounding to a power of two applied per allocation, as CachingHostAllocator does;
 - every run child: the measured resident set of a process that imported what a run imports (`process_base_bytes`),
   plus the fp32 random init of the model on the host (the build peak), or the steady state if that is larger;
@@ -47,9 +47,9 @@ HEADROOM = 0.95  # a run may use this share of what is available (the rest: page
 DEFAULT_MARGIN = 0.75  # the default --layers leaves a quarter of host and device free: estimates can be 25% low
 # Rough planning rates (stated, not measured): the run records hold the measured step times.
 ROUGH_RATES = {"gpu_tflops": 400.0,   # bf16 dense, achieved (H100 989 peak × ~0.4)
-               "host_gbps": 40.0,     # host memory traffic of the optimizer's cores (gpu-audit-2 F13: 35-55 GB/s)
+               "host_gbps": 40.0,     # host memory traffic of the optimizer's cores (estimated 35-55 GB/s)
                "link_gbps": 25.0,     # pinned PCIe copies, one direction
-               "init_ns_per_param": 12.0}  # random init + cast on the host (gpu-audit-2 §2: 1-1.5 min at 6.7B)
+               "init_ns_per_param": 12.0}  # random init + cast on the host (1-1.5 min at 6.7B)
 CPU_DEVICE_RATES = {"gpu_tflops": 0.2, "host_gbps": 5.0, "link_gbps": 5.0, "init_ns_per_param": 12.0}
 
 
@@ -170,7 +170,7 @@ class Host:
     @classmethod
     def stated(cls, host_gib: float, measured: Host) -> Host:
         """This host, with its memory as stated instead of MemAvailable: a microVM's RAM starts small and grows as
-        it is used (the lent GPU hosts: size from the kind's stated memory; gpu-audit-4 F1). Device and /dev/shm
+        it is used (the lent GPU hosts: size from the kind's stated memory). Device and /dev/shm
         stay measured."""
         return cls(int(host_gib * GiB), measured.device_total, f"stated host: {host_gib:g} GiB ({measured.source} "
                    "at the start)", shm_free=measured.shm_free)

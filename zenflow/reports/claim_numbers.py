@@ -82,7 +82,7 @@ def _scenario(record: dict[str, Any]) -> str:
 
 def _days(dating: dict[str, Any]) -> str:
     """When a validation's runs were taken, in days ("2026-11-24" or "2026-11-22 – 2026-11-24"), and how far from
-    its calibration at most (issue 26: a count is only as good as the day its runs and calibration share)."""
+    its calibration at most (a count is only as good as the day its runs and calibration share)."""
     first, last = (t[:10] for t in dating["runs_taken"])
     apart = f"≤ {dating['apart_h']:.0f} h" if dating["apart_h"] is not None else "an unknown time"
     over = f", beyond the {dating['bound_h']:.0f} h bound" if dating["over_bound"] else ""
@@ -175,7 +175,7 @@ def same_frequency_numbers(f: Files) -> dict[str, Any]:
 
 
 def device_accumulation_numbers(f: Files) -> dict[str, Any]:
-    """ref-zenflow-da (issue 25) beside ref-zenflow in the Xeon run, and its PROJECTED GPU speedup."""
+    """ref-zenflow-da beside ref-zenflow in the Xeon run, and its PROJECTED GPU speedup."""
     run = f.by(f"{LLAMA_XEON}/table.csv", "engine")
     da, zf = run["ref-zenflow-da"], run["ref-zenflow"]
     block = _block(f.json(f"{LLAMA_XEON}/ref-zenflow-r0.json"))

@@ -1,4 +1,4 @@
-"""The Llama scenario's figure.png (issue 34 item 4): the paper's Figure 1 comparison, readable at 1200 px.
+"""The Llama scenario's figure.png: the paper's Figure 1 comparison, readable at 1200 px.
 
 Panel 1 holds the engines of the paper's comparison (PAPER_ENGINES, those that ran): one horizontal bar per engine,
 its step time split into compute / exposed I/O / stall, labelled with its speedup over ds-zero-offload and the 95%

@@ -58,7 +58,7 @@ def run_world_size(record: RunRecord) -> int:
 
 
 def check_one_world_size(records: Sequence[RunRecord]) -> None:
-    """Refuse to tabulate runs of different world sizes together (audit item 4)."""
+    """Refuse to tabulate runs of different world sizes together."""
     sizes: dict[int, set[str]] = {}
     for r in records:
         if r.status == "ok":
@@ -207,8 +207,8 @@ def scenario_report(records: list[RunRecord], out: Path, env: dict[str, Any]) ->
     write_text_atomic(out / "table.md", "\n".join(text) + "\n")
     write_csv(rows, out / "table.csv")
     write_csv(ratios, out / "ratios.csv")
-    convergence_report(timed, {r["engine"]: r for r in rows}, out, label)  # loss against wall time (issue 24)
-    step_trace_report(timed, out, label)  # each step's time by kind, ZenFlow against ZeRO-Offload (issue 34)
+    convergence_report(timed, {r["engine"]: r for r in rows}, out, label)  # loss against wall time
+    step_trace_report(timed, out, label)  # each step's time by kind, ZenFlow against ZeRO-Offload
     if any(r["cycle_mean_ms"] for r in rows):  # the paper's comparison, then the rest on their own scale
         headline_figure(rows, timed, out / "figure.png", "ZenFlow vs ZeRO-Offload, Llama scenario",
                         f"{label}; {params:.0f}M params, {w.get('dtype')}, seq {w.get('seq_len')}, world size {gpus}")

@@ -1,4 +1,4 @@
-"""ref-zenflow-da, the engine of ZenFlowAdamW(accumulate_on="device") (issue 25): through the harness it trains as
+"""ref-zenflow-da, the engine of ZenFlowAdamW(accumulate_on="device"): through the harness it trains as
 ref-zenflow does, step for step, and its counted bytes per step over model bytes are the formula of
 docs/host-worker.md: the unselected columns' fp32 sum once per interval instead of their gradient every step.
 

@@ -120,7 +120,7 @@ def test_applied_twice_the_repair_wraps_deepspeed_once(patched):
 
 
 def test_a_block_keeps_a_repair_made_before_it(patched):
-    """Audit 4 DS2: `intended_weight_view` undoes only its own repair: an inner block, or a block after an engine's
+    """`intended_weight_view` undoes only its own repair: an inner block, or a block after an engine's
     repair ("for the rest of this process"), leaves the repair made before it in place."""
     cls = patched(Release0198)
     with dd.intended_weight_view():

@@ -1,4 +1,4 @@
-"""The optimizer peers of issue 24 part 3 (engines/optimizer_peers.py): each says exactly why it cannot run where it
+"""The optimizer peers (engines/optimizer_peers.py): each says exactly why it cannot run where it
 cannot, and its memory row is the arithmetic its docstring states."""
 
 from __future__ import annotations

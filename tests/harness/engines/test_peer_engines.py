@@ -1,6 +1,7 @@
-"""The peers of issue 14 (ZeRO-Infinity, Twin-Flow, FSDP2 CPUOffloadPolicy, torchao CPUOffloadOptimizer): each runs
-through the harness's one run loop where it can, computes what its baseline computes (the same losses on the same
-seed and data), and where it cannot run it is a "skipped" record with the reason, listed in the table."""
+"""The peers a user would pick instead of ZenFlow (ZeRO-Infinity, Twin-Flow, FSDP2 CPUOffloadPolicy, torchao
+CPUOffloadOptimizer): each runs through the harness's one run loop where it can, computes what its baseline computes
+(the same losses on the same seed and data), and where it cannot run it is a "skipped" record with the reason, listed
+in the table."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ref-zenflow-fsdp2, ZenFlowAdamW over FSDP2's row shards (issue 35), through the harness: at one rank the shards are
+"""ref-zenflow-fsdp2, ZenFlowAdamW over FSDP2's row shards, through the harness: at one rank the shards are
 the whole parameters, so it must train as ref-zenflow does, step for step, and count the same bytes; its record says
 how many ranks shared the work. The two-rank equality with one process is tests/core/test_fsdp.py's."""
 

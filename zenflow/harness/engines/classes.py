@@ -155,7 +155,7 @@ class ZenFlowEngine(ObservedEngine):
 
 class DeviceAccumulationEngine(ZenFlowEngine):
     """ref-zenflow-da: ZenFlowAdamW summing the unselected columns' gradients on the device and shipping the sum once
-    per update interval (`accumulate_on="device"`, beyond the paper: issue 25); the host runs only the deferred AdamW.
+    per update interval (`accumulate_on="device"`, beyond the paper); the host runs only the deferred AdamW.
     Same parameters as ref-zenflow (tests/core/test_device_accumulation.py), fewer bytes per step for U > 4/b."""
 
     accumulate_on = "device"
@@ -163,7 +163,7 @@ class DeviceAccumulationEngine(ZenFlowEngine):
 
 class OverlappedOffloadEngine(ObservedEngine):
     """ref-offload-overlap: ZeRO-Offload with each parameter's host AdamW started during backward, exact AdamW (no
-    staleness, nothing selected): the control issue 24 asks for beside ZenFlow (zenflow/overlapped_offload.py)."""
+    staleness, nothing selected): the control beside ZenFlow (zenflow/overlapped_offload.py)."""
 
     def build_optimizer(self, distributed: bool) -> OverlappedOffloadAdamW:
         refuse_ranks(self.name, distributed)
@@ -271,7 +271,7 @@ class DeepSpeedEngine(Engine):
 def adamw_args(ds_config: dict[str, Any], fused: bool = True) -> dict[str, Any]:
     """torch AdamW's arguments from the config's optimizer block (every engine reads the same one); `fused`: torch's
     fused kernel, which the torch-AdamW engines pass: for CPU tensors torch's default is neither foreach nor fused,
-    a per-parameter loop that would make a host AdamW look far slower than it is (issue 24)."""
+    a per-parameter loop that would make a host AdamW look far slower than it is."""
     p = ds_config["optimizer"]["params"]
     return {"lr": p["lr"], "betas": tuple(p["betas"]), "eps": p["eps"], "weight_decay": p["weight_decay"],
             **({"fused": True} if fused else {})}

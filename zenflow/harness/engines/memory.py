@@ -136,7 +136,7 @@ def memory_deepspeed_offload(m: MemoryInputs, row: RowFacts) -> Footprint:
     if row.cycle_rule == "accumulation":
         pinned += m.fp32_each
     if row.cycle_rule == "interval":
-        shm = 16 * P  # share_memory_(): the fp32 partition, its stale copy, 2 gradient buffers (gpu-audit-4 F1)
+        shm = 16 * P  # share_memory_(): the fp32 partition, its stale copy, 2 gradient buffers
         pageable += shm + m.base  # and its worker process
         note = "DeepSpeed's ZenFlow worker is a second process"
     return Footprint(m.trained, pinned / m.world, pageable / m.world, note, shm / m.world)  # ZeRO: a partition each

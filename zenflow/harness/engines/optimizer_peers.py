@@ -1,4 +1,4 @@
-"""Peers that are another optimizer in the no-offload loop (issue 24, part 3): the model trains as `no-offload`
+"""Peers that are another optimizer in the no-offload loop: the model trains as `no-offload`
 does (forward, backward, clip_grad_norm_, step), and only the optimizer differs.
 
 | engine                  | optimizer                                                                              |

@@ -1,4 +1,4 @@
-"""The PyTorch-native peers a user would pick instead of ZenFlow (issue 14), behind the same Engine interface.
+"""The PyTorch-native peers a user would pick instead of ZenFlow, behind the same Engine interface.
 
 | engine          | what                                                                                        |
 |-----------------|---------------------------------------------------------------------------------------------|

@@ -174,7 +174,7 @@ ROWS = (
                modelled_as="zenflow-overlap"),
     EngineSpec("ref-zenflow-da", DeviceAccumulationEngine, "ours", "beyond", zenflow_block=ASKED, cycle_rule="interval",
                stall_baseline="ref-offload", control="ref-offload-gas", memory=mem.memory_ours),
-    # ZenFlowAdamW over FSDP2's row shards (issue 35): opt-in, the committed scenario tables were made without it
+    # ZenFlowAdamW over FSDP2's row shards: opt-in, the committed scenario tables were made without it
     EngineSpec("ref-zenflow-fsdp2", ShardedZenFlowEngine, "ours", "extra", zenflow_block=ASKED, cycle_rule="interval",
                stall_baseline="ref-offload", control="ref-offload-gas", memory=mem.memory_ours_fsdp2, opt_in=True),
     EngineSpec("ref-offload-overlap", OverlappedOffloadEngine, "ours", "peer", zero=not_deepspeed,

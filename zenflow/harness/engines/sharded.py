@@ -1,5 +1,5 @@
 """ref-zenflow-fsdp2: ZenFlowAdamW over FSDP2's sharded parameters (zenflow/fsdp.py), for models that outgrow one
-GPU (issue 35).
+GPU.
 
 `fully_shard` per decoder layer and at the root, as fsdp2-offload shards, but without FSDP2's CPUOffloadPolicy: the
 parameters stay on the device in the training dtype (as ref-zenflow's), row-sharded over the ranks, and ZenFlow
