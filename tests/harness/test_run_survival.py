@@ -189,7 +189,8 @@ def test_a_resumed_plan_of_other_runs_moves_the_earlier_plans_ok_records_in_too(
 
 
 def test_execute_keeps_an_interrupted_plans_ok_run_when_another_plan_completes(tmp_path, monkeypatch, capsys):
-    """The audit's sequence through plans.execute: `--engines A` killed after A-r0, then `--engines B --resume`."""
+    """A killed plan, then another resumed, through plans.execute: `--engines A` killed after A-r0, then `--engines B
+    --resume`."""
     def fake_run(spec: RunSpec, out: Path) -> RunRecord:
         if spec.engine == "A" and Path(out).name == "A-r1.json":
             raise KeyboardInterrupt  # the command's SIGTERM arrives during A-r1

@@ -115,7 +115,7 @@ def test_publish_gives_the_tables_and_refuses_a_cpu_set_in_results(rehearsal, tm
     assert int.from_bytes(png[16:20], "big") == 7 * 120  # no engine ran: the differential alone, no empty panel
     assert (tmp_path / "gpu-check" / hw / "window" / "phases.json").is_file()
     # the claims page's GPU rows read such a set, and only a GPU's (a cpu-scale id is never one of them): the set
-    # named as a GPU set's first, so that only its cpu-scale hardware id keeps it out (audit 4, PB3)
+    # named as a GPU set's first, so that only its cpu-scale hardware id keeps it out
     (tmp_path / "llama7b" / hw / "smoke").rename(tmp_path / "llama7b" / hw / "llama2-7b-4L")
     assert hw.startswith("cpu-scale") and "no GPU set committed yet" in gpu_section(tmp_path)
     for kind in ("llama7b", "gpu-check"):

@@ -1,4 +1,4 @@
-"""Stall / I/O attribution (docs/design.md §4; audit items 3, 25): the CUDA-events arithmetic checked on the CPU with a
+"""Stall / I/O attribution (docs/design.md §4): the CUDA-events arithmetic checked on the CPU with a
 simulated device (fake events on a fake clock), the host-blocking protocol of the CPU device, peak device memory."""
 
 from __future__ import annotations

@@ -165,8 +165,8 @@ def _gpus(env: dict[str, Any]) -> tuple[list[str], int | None]:
 
 def hardware_id(env: dict[str, Any]) -> str:
     """Short filesystem-safe hardware class: 'cpu-scale-<cpu>-<n>c' or '<gpu>x<count>-pcie<gen>-<n>c-<m>g', counting
-    only the GPUs this process uses; a process whose torch cannot use CUDA ran on the CPU and is 'cpu-scale' (audit
-    16). A GPU id names the host's cores and memory (GiB, rounded) too: offload engines are host-bound, so a 16-core
+    only the GPUs this process uses; a process whose torch cannot use CUDA ran on the CPU and is 'cpu-scale'.
+    A GPU id names the host's cores and memory (GiB, rounded) too: offload engines are host-bound, so a 16-core
     128 GiB VM and a 128-core 1 TB node must not share a results folder or a benchmark baseline.
     cpu-scale ids name the cores already (the device is the host)."""
     names, gen = _gpus(env)
