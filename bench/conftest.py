@@ -43,7 +43,7 @@ def environment() -> dict[str, Any]:
 def machine_facts(env: dict[str, Any]) -> dict[str, Any]:
     """The keys added to pytest-benchmark's machine_info (flat, so they show in its JSON at a glance)."""
     nvml = env.get("nvml") or {}
-    devices = visible_gpus(env)  # the GPUs this run uses, in torch's order (not every GPU on the host: audit 13)
+    devices = visible_gpus(env)  # the GPUs this run uses, in torch's order (not every GPU on the host)
     names = [d.get("name") for d in devices]
     link = devices[0] if devices else {}  # cuda:0, the device the benchmarks train on
     torch_info, git = env.get("torch") or {}, env.get("git") or {}

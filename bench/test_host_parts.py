@@ -1,4 +1,4 @@
-"""The host parts of a ZenFlow step against the host's streaming bound (issue 25): one benchmark per part, each
+"""The host parts of a ZenFlow step against the host's streaming bound: one benchmark per part, each
 with its bytes moved, GB/s and fraction of the triad bound in extra_info; the streams (copy, triad, in-place add)
 are benchmarks of the same group, on the same cores (the worker's, as the optimizer pins them).
 
@@ -67,9 +67,10 @@ def test_host_part(benchmark, part: str, size: str) -> None:
 
 
 def test_host_accumulate_before_issue_25(benchmark) -> None:
-    """The clipped accumulation as main did it before issue 25, in the same run as `accumulate` above: the staging
-    buffer scaled in place (its own pass over memory), then added in 256K-element blocks. The factor alternates
-    0.5 / 2 (exact in bf16) so repeated rounds neither underflow nor change the arithmetic's cost."""
+    """The clipped accumulation as main did it before the one-pass host.accumulate_into_ (docs/history.md, "The host
+    path at its bandwidth bound"), in the same run as `accumulate` above: the staging buffer scaled in place (its own
+    pass over memory), then added in 256K-element blocks. The factor alternates 0.5 / 2 (exact in bf16) so repeated
+    rounds neither underflow nor change the arithmetic's cost."""
     rows = max(1, PART_NUMEL // 4096)
     staging = (torch.randn(rows, 4096) * 1e-3).to(torch.bfloat16)
     acc, factors = torch.zeros(rows, 4096), [torch.tensor(0.5), torch.tensor(2.0)]

@@ -165,7 +165,7 @@ def test_host_adamw(benchmark) -> None:
 
 def test_host_deepspeed_cpu_adam(benchmark) -> None:
     """DeepSpeed's CPU Adam (its AVX kernel, AdamW mode) on the same flat buffer and threads: the host optimizer
-    the paper's ZeRO-Offload baseline ran (issue 15: its rate per core beside torch's fused AdamW)."""
+    the paper's ZeRO-Offload baseline ran (its rate per core beside torch's fused AdamW)."""
     if benchmark.disabled and os.environ.get("ZENFLOW_BENCH_SMOKE_DEEPSPEED") != "1":
         pytest.skip("smoke mode (--benchmark-disable): DeepSpeed's op load takes seconds; "
                     "ZENFLOW_BENCH_SMOKE_DEEPSPEED=1 runs it too")

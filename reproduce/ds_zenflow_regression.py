@@ -40,7 +40,8 @@ STAGES = (2, 1)
 WIDTHS = (16, 32, 8)  # two rectangular weights: a square one would only be transposed, not scrambled
 SAMPLES, MICRO_BATCH, LR, SEED = 512, 16, 1e-3, 1234
 PRETRAIN_STEPS, PRETRAIN_LR = 400, 1e-2  # the "pretrained" model: full-batch torch AdamW until it fits well
-# The review's block (../shared/reviews/deepspeed-zenflow-regression.md): every step a decision, no worker process.
+# The block of the independent check (docs/history.md, "DeepSpeed's ZenFlow regression"): every step a decision,
+# no worker process.
 BLOCK = {"topk_ratio": 0.25, "update_interval": 2, "full_warm_up_rounds": 0, "overlap_step": False,
          "select_strategy": "step", "select_interval": 100}
 PR = "PR #8277 (issue #8276), first released in DeepSpeed 0.19.7; 0.17.5-0.19.6 view the weights correctly"

@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "keep the ok records of the same runs (there or in --out), rerun the rest")
     ap.add_argument("--eval-every", type=cli.int_at_least(1), default=None,
                     help="also evaluate on the dev set every N steps, between steps: accuracy against training time, "
-                    "curve.md / accuracy-vs-time.png (issue 24)")
+                    "curve.md / accuracy-vs-time.png")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
     for option in ("--tasks", "--engines", "--seeds"):

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in report.items():
         say(f"{key}: {value}")
     stop = gpu.cuda_unusable(env)
-    if stop:  # fail fast: everything after this would measure the CPU under a GPU's name (audit item 16)
+    if stop:  # fail fast: everything after this would measure the CPU under a GPU's name
         print(f"gpu-check: STOP: {stop}", file=sys.stderr)
         return 2
     cuda = torch.cuda.is_available()

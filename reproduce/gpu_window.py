@@ -44,17 +44,18 @@ from zenflow.telemetry.environment import git_commit  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ROOT / ".whl"
 # One site for the set, in the git-ignored build/ a warm machine keeps: a --resume finds it and DeepSpeed's op build
-# (whose build line holds the site's paths) is not redone (gpu-audit-4 F9)
+# (whose build line holds the site's paths) is not redone
 SITE = ROOT / "build" / "site"
 # A 590 s command: the phases end by 540 s; a child still running then gets SIGTERM and 20 s to write its records,
 # and the last pack takes seconds.
 BUDGET_S = 540
 # 4 layers by default: the core five engines take an estimated 3.2-5.6 min at 4 layers on one H100, beside ~2 min of
-# checks, op build and ceiling (gpu-audit-3 §3); 8 layers cost ~1.5x per run and would leave the core five cut.
+# checks, op build and ceiling (estimated on 2026-11-27: docs/history.md, "The GPU window in one command"); 8 layers
+# cost ~1.5x per run and would leave the core five cut.
 LAYERS = 4
 ENGINES = list(GPU_WINDOW_ENGINES)  # in its order (configs.py says why)
 CHECKS = ",".join(c.name for c in GPU_CHECKS if c.window)  # gpu-check's, as its rows say
-PROBE_DS = "import deepspeed, hjson, pydantic"  # the real imports, not find_spec (gpu-audit-3 B3)
+PROBE_DS = "import deepspeed, hjson, pydantic"  # the real imports: a half-installed package passes find_spec
 PROBE = PROBE_DS + ", mistral_common"  # all the set brings: the Llama tokenizer's file too (else: UTF-8 bytes)
 NEWER_IS_FINE = ("typing-extensions",)  # a backport: a newer one serves everything an older one does
 OP_BUILD = ("from deepspeed.accelerator import get_accelerator; "
@@ -64,7 +65,7 @@ CHECKS_MAX_S = 240  # the checks take 50-100 s on an H100 (estimated): a hung on
 BUILD_WAIT_S = 90  # after the checks, the op build may hold the scenario this much longer (it started before them)
 CUT_EXIT = 3  # the window's exit status when a phase was cut for time and none failed
 # The lent host's stated memory (128 GiB) less 10%: a microVM's RAM starts small and grows as it is used, so the
-# memory plan must not read MemAvailable at the start (the device documentation; gpu-audit-4 F1)
+# memory plan must not read MemAvailable at the start (the device documentation)
 HOST_MEMORY_GIB = 115.0
 
 
@@ -117,7 +118,7 @@ def probe(env: dict[str, str], imports: str = PROBE) -> str | None:
     line."""
     try:
         done = subprocess.run([sys.executable, "-c", imports], env=env, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:  # an answer, not the end of the window (gpu-audit-4 F10)
+    except subprocess.TimeoutExpired:  # an answer, not the end of the window
         return "the import probe took over 120 s"
     return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
 
@@ -154,8 +155,8 @@ def install_wheels(w: Window) -> tuple[Path | None, bool]:
 
 def requirements_here(lines: list[str], installed: Callable[[str], str | None]) -> list[str]:
     """The set's requirement lines, less a backport (NEWER_IS_FINE) the image already has at the set's version or
-    newer: the set's site comes first on every child's path and would shadow the image's newer one (gpu-audit-4
-    F8). Every other package is installed at the set's version, what the tests here ran."""
+    newer: the set's site comes first on every child's path and would shadow the image's newer one.
+    Every other package is installed at the set's version, what the tests here ran."""
     from packaging.version import Version
 
     kept = []
@@ -192,7 +193,7 @@ def facts(w: Window, env: dict[str, str]) -> str:
         _output([sys.executable, "-c", capture, str(folder / "environment.json")], env))
     try:
         hardware = json.loads((folder / "environment.json").read_text())["hardware_id"]
-    except (OSError, ValueError, KeyError):  # the capture child died before writing it: the checks still run (F5)
+    except (OSError, ValueError, KeyError):  # the capture child died before writing it: the checks still run
         hardware = None
     shm, tmp = (shutil.disk_usage(p) if os.path.isdir(p) else None for p in ("/dev/shm", tempfile.gettempdir()))
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
@@ -238,7 +239,7 @@ def scenario_cmd(args: argparse.Namespace, scenario: Path, engines: list[str], d
     shape = ["--smoke", "--device", "cpu", "--repeats", "1"] if args.rehearsal else [
         "--shape", "llama2-7b", "--layers", str(args.layers)]
     return [sys.executable, str(ROOT / "reproduce" / "llama7b.py"), *shape, "--engines", *engines,
-            "--out", str(scenario), "--deadline-s", f"{max(deadline_s, 1):.0f}",  # llama7b refuses "0" (F10)
+            "--out", str(scenario), "--deadline-s", f"{max(deadline_s, 1):.0f}",  # llama7b refuses "0"
             *(["--host-memory-gib", f"{args.host_memory_gib:g}"] if args.host_memory_gib else []),
             *(["--resume"] if args.resume else [])]
 
@@ -269,7 +270,7 @@ def wheels(s: State) -> None:
     at once in the background, beside the facts and the checks."""
     site, imports = install_wheels(s.w)
     s.env = {**child_env(site), **({"ZENFLOW_GIT_COMMIT": s.commit} if s.commit else {})}
-    s.ds_ok = imports or probe(s.env, PROBE_DS) is None  # the wheels' probe said so: no third import (F4)
+    s.ds_ok = imports or probe(s.env, PROBE_DS) is None  # the wheels' probe said so: no third import
     s.build = s.w.start([sys.executable, "-c", OP_BUILD], s.w.work / "op-build.log", {**s.env, "MAX_JOBS": "2"},
                         two_cores) if s.ds_ok else None
     s.build_began = time.monotonic()

@@ -1,4 +1,4 @@
-"""The knobs study (issue 34 item 1): does ZenFlow's "auto" find what the best fixed setting finds? ref-zenflow at
+"""The knobs study: does ZenFlow's "auto" find what the best fixed setting finds? ref-zenflow at
 update interval 1, 2, 4, 8 and "auto", topk 0.05, 0.1, 0.2 and select interval fixed or "auto", beside
 ZeRO-Offload (ref-offload) and DeepSpeed's ZenFlow at "auto", on the Llama convergence workload (time to
 ref-offload's final smoothed loss) and on GLUE SST-2 (time to ref-offload's final accuracy), 3 seeds, interleaved.

@@ -6,13 +6,13 @@
     python reproduce/project.py --no-calibrate    # reuse results/costmodel/<hardware-id>/calibration.json
     python reproduce/project.py --hardware-id ID  # remake a committed folder's tables (no run, no calibration)
 
-The same-day sample (issue 26): after calibrating, one run of each engine of the verdict (no-offload, ref-offload,
-ref-zenflow, ds-zero-offload, ds-zenflow) at each sequence of its count (4, 16, 64, 256, 512), interleaved: 25 runs
-into results/costmodel/<hardware-id>/validation-sample/seqN/, published only when all are done (an interrupted
-sample leaves the folder as it was). Estimated from the committed records (their steps, plus a run child's start-up
-measured in the records that note their wall time: `validate.sample_seconds`): ≈6 min on the AMD EPYC VM, ≈7 min on
-the Intel Xeon VM, within a 15-minute budget that leaves room for waits on a busy machine (two repeats, --repeats 2:
-≈11 and ≈14 min). The calibration is validated against the sample alone, seq 16 included.
+The same-day sample (docs/cost-model.md, "Same-day validation"): after calibrating, one run of each engine of the
+verdict (no-offload, ref-offload, ref-zenflow, ds-zero-offload, ds-zenflow) at each sequence of its count (4, 16, 64,
+256, 512), interleaved: 25 runs into results/costmodel/<hardware-id>/validation-sample/seqN/, published only when all
+are done (an interrupted sample leaves the folder as it was). Estimated from the committed records (their steps, plus a
+run child's start-up measured in the records that note their wall time: `validate.sample_seconds`): ≈6 min on the AMD
+EPYC VM, ≈7 min on the Intel Xeon VM, within a 15-minute budget that leaves room for waits on a busy machine (two
+repeats, --repeats 2: ≈11 and ≈14 min). The calibration is validated against the sample alone, seq 16 included.
 
 Age: this VM's speed changes between days, so a calibration is validated only against runs taken within 12 hours of
 it (validate.MAX_AGE_H), either way; beyond that, or when a time is unknown, it is refused in one line before any

@@ -33,7 +33,7 @@ def adamw_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list
     if not params:
         return
     # The functional API increments the step tensors itself, so hand it the count before this update. torch.full
-    # is a fill kernel on the parameter's device: no host->device copy and no stream sync (audit item 8), where
+    # is a fill kernel on the parameter's device: no host->device copy and no stream sync, where
     # torch.tensor(..., device=cuda) would copy from pageable memory and wait, once per parameter.
     step_tensors = [torch.full((), float(s - 1), dtype=torch.float32, device=p.device) for s, p in zip(steps, params)]
     _functional_adamw(params, grads, exp_avgs, exp_avg_sqs, [], step_tensors, fused=True, amsgrad=False,

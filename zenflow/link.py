@@ -65,7 +65,7 @@ class Link:
     def to_device(self, src: torch.Tensor, dst: torch.Tensor, kind: str) -> torch.cuda.Event | None:
         """Host->device copy into `dst` (any device tensor); later work on the compute stream is ordered after it
         (no host wait). CUDA: `dst` may have been allocated or used on the compute stream, so the copy first waits
-        for the compute stream's queued work (audit item 1): use it off the hot path (reselection)."""
+        for the compute stream's queued work: use it off the hot path (reselection)."""
         self.observers.transfer("h2d", kind, src.numel() * src.element_size())
         if not self.cuda:
             with self.observers.blocking("copy_h2d"):
@@ -140,7 +140,7 @@ class Link:
             return self._copy_after_compute(src, dst)  # straight into the weight, no landing buffer
         compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self.h2d_stream):
-            # allocated on the stream that writes it (audit item 1): its block is never one the compute stream
+            # allocated on the stream that writes it: its block is never one the compute stream
             # may still be using, and is not reused before the compute stream has read it (record_stream below)
             landing = torch.empty(src.shape, dtype=src.dtype, device=self.device)
             landing.copy_(src, non_blocking=True)
@@ -229,7 +229,7 @@ class StagingArena:
 
     def unpin(self) -> None:
         """Give the page-locking back now (close(): every copy is settled), not when the optimizer is collected,
-        which a reference held anywhere may delay for the rest of the process (gpu-audit-4 F3). The buffer stays;
+        which a reference held anywhere may delay for the rest of the process. The buffer stays;
         the next step pins it again."""
         _release(self._pinned)
 

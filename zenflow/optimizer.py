@@ -122,7 +122,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
 
     @property
     def selections(self) -> int:
-        """Top-k selections made so far (DeepSpeed's default never re-selects: records log this, issue 24)."""
+        """Top-k selections made so far (DeepSpeed's default never re-selects: records log this)."""
         return self.clock.selections
 
     def _params(self) -> list[torch.Tensor]:
@@ -198,7 +198,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
             return loss
         warm_up = self.t < self.config.full_warm_up_rounds
         if not warm_up and self._selection_due():
-            if self.config.topk_ratio > 0:  # topk 0 selects nothing: no drain, no index syncs (audit F9)
+            if self.config.topk_ratio > 0:  # topk 0 selects nothing: no drain, no index syncs
                 self.drain()  # the host part must be current before columns change owner
                 with self.observers.blocking("reselect"):
                     hypers = {id(p): AdamWHyper.of(g) for g in v.groups for p in g["params"]}
@@ -262,7 +262,7 @@ class ZenFlowAdamW(Observed, torch.optim.Optimizer):
             return
         if self.pending is not None:
             self._finish_pending(v)  # boundary b+1 applies the result of boundary b
-        # built after _finish_pending: the job must wait for *that* upload's copies (audit item 5)
+        # built after _finish_pending: the job must wait for *that* upload's copies
         job = functools.partial(_after_uploads, self._upload_events, host_groups(v.groups, v.state),
                                 self.clock.slot)
         if shipped:

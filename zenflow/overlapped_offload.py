@@ -1,6 +1,6 @@
 """OverlappedOffloadAdamW: ZeRO-Offload whose host AdamW starts during backward, with exact AdamW semantics.
 
-The control a reviewer asks for beside ZenFlow (issue 24; DeepSpeed issue #6834, prime-rl's offloaded optimizer):
+The control a reviewer asks for beside ZenFlow (DeepSpeed issue #6834, prime-rl's offloaded optimizer):
 nothing is stale and nothing is selected. Every parameter lives as an fp32 master copy with its AdamW moments in
 host memory, as in ZeRO-Offload; what changes is *when* the host works:
 
@@ -16,7 +16,7 @@ global norm must be known before any update: the copies still overlap backward a
 it lands, but the host steps start in `step()`, once the coefficient is known (torch's clip_grad_norm_ coefficient,
 computed in the gradients' dtype). The clipped gradient is formed in fp32, the gradient upcast exactly and scaled with
 one rounding, never rounded back to its own dtype as torch's in-place clipping writes it: the rule of ZenFlow's host
-path (issue 25, zenflow/host.py accumulate_into_). In fp32 the two agree; for bf16 they differ, and the tests pin
+path (zenflow/host.py accumulate_into_). In fp32 the two agree; for bf16 they differ, and the tests pin
 this one. Hyperparameters are read when a parameter's gradient lands (set the learning rate before backward). One
 backward per step: gradient accumulation across backward passes is refused (the hook would step twice).
 """

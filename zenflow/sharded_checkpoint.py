@@ -112,7 +112,7 @@ def host_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """`mesh` where it is the CPU's, else a CPU mesh over a gloo group of the same ranks (made once per set of
     ranks). DTensor.from_local moves a local tensor to its mesh's device type: on FSDP2's CUDA mesh the assembled
     host state (four or five fp32 copies of a rank's rows, ≈140 GB at 7B on one GPU) would be copied to the GPU
-    while saving (gpu-audit-4 §6)."""
+    while saving."""
     if mesh.device_type == "cpu":
         return mesh
     ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())

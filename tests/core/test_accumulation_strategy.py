@@ -1,4 +1,4 @@
-"""Host or device accumulation is decided once (issue 35): ZenFlowAdamW builds a HostSums or a DeviceSums
+"""Host or device accumulation is decided once: ZenFlowAdamW builds a HostSums or a DeviceSums
 (device_accumulation.py) at construction, and that object owns the four places where the two modes differ; the
 optimizer never compares `accumulate_on` again. The bit-for-bit equality of the two modes, and of the mode with the
 code before this split, is the oracles' (test_device_accumulation.py, test_oracles.py)."""

@@ -112,7 +112,7 @@ OVERLAP = {"overlap_step": True, "update_interval": 1, "pt_reserved_cores_perc":
 
 # ---- the table: (build, match) ----------------------------------------------------------------------------------
 CASES = [
-    # -- from the issue
+    # -- the zenflow block's ranges, misspelt keys, the offload device
     pytest.param(zf(topk_ratio=1.5), r"zenflow\.topk_ratio = 1\.5 .*\[0, 1\]", id="topk_ratio-above-1"),
     pytest.param(zf(topk_ratio=-0.1), r"zenflow\.topk_ratio = -0\.1 .*\[0, 1\]", id="topk_ratio-below-0"),
     pytest.param(zf(update_interval=0), r"zenflow\.update_interval = 0 .*\"auto\" or an integer >= 1",

@@ -239,8 +239,8 @@ def test_device_accumulation_moves_four_plus_b_over_u_per_step(dtype, interval, 
 
 
 def test_at_topk_01_u4_bf16_device_accumulation_moves_0675_model_bytes_per_step_against_1125():
-    """The issue's numbers: at r = 0.1 (exact here: every width is a multiple of 10), U = 4 and bf16, (1 − r)·(4 + 2)/4
-    = 0.675 model-bytes per step against (1 − r)·(1 + 1/4) = 1.125."""
+    """The traffic device accumulation promises: at r = 0.1 (exact here: every width is a multiple of 10), U = 4
+    and bf16, (1 − r)·(4 + 2)/4 = 0.675 model-bytes per step against (1 − r)·(1 + 1/4) = 1.125."""
     model_bytes = 2 * sum(p.numel() for p in column_params(Interleaved([40, 30, 20, 10], seed=0)))
     device, _ = link_bytes_per_step("device", torch.bfloat16, 4, overlap=True)
     host, _ = link_bytes_per_step("host", torch.bfloat16, 4, overlap=True)

@@ -187,7 +187,7 @@ def test_a_dcp_checkpoint_refuses_another_zenflow_config(tmp_path: Path) -> None
 
 
 def test_a_checkpoint_whose_accumulators_do_not_match_its_slots_is_refused_in_one_line(tmp_path: Path) -> None:
-    """Audit 4 CK3: ShardedState's load checks the accumulator count (one per slot) before it slices anything: an
+    """ShardedState's load checks the accumulator count (one per slot) before it slices anything: an
     entry that lost one of overlap's two accumulators is a ConfigError, not a KeyError mid-load."""
     model = fsdp_rank.build_model()
     opt = ZenFlowAdamW(model.parameters(), process_group=False, **OVERLAP)
@@ -204,7 +204,7 @@ def test_a_checkpoint_whose_accumulators_do_not_match_its_slots_is_refused_in_on
 
 
 def test_sharded_state_refuses_zenflows_own_data_parallelism() -> None:
-    """Audit 4 CK4: data parallelism keeps its per-rank state dicts; ShardedState would save this rank's column block
+    """Data parallelism keeps its per-rank state dicts; ShardedState would save this rank's column block
     as whole-width tensors."""
     with pytest.raises(ConfigError, match="not allowed with ZenFlowAdamW's own data parallelism"):
         ShardedState(SimpleNamespace(ranks=DataParallel.__new__(DataParallel)))

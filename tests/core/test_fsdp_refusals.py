@@ -47,11 +47,11 @@ def test_a_process_group_beside_fsdp2s_mesh_is_refused(outcomes: dict[str, str])
 
 
 def test_parameters_on_two_device_meshes_are_refused(outcomes: dict[str, str]) -> None:
-    """Audit 4 FS6: every parameter of one 1-D mesh, "refused in one line otherwise"."""
+    """Every parameter of one 1-D mesh, "refused in one line otherwise"."""
     assert outcomes["two meshes"].startswith("refused: parameters on 2 device meshes: expected one")
 
 
 def test_a_frozen_fsdp2_layer_stays_frozen_and_the_rest_trains(outcomes: dict[str, str]) -> None:
-    """Audit 4 FS8: the step's view keeps each parameter's requires_grad (StepView.params: the trainable ones), so a
+    """The step's view keeps each parameter's requires_grad (StepView.params: the trainable ones), so a
     frozen layer under FSDP2 is left alone while the others train."""
     assert outcomes["frozen"] == "trains"

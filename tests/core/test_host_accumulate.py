@@ -1,4 +1,4 @@
-"""host.accumulate_into_ (issue 25): the clipped gradient is added in one pass over memory as acc + clip·src, every
+"""host.accumulate_into_: the clipped gradient is added in one pass over memory as acc + clip·src, every
 element rounded once in fp32 (a fused multiply-add on the upcast gradient), the first gradient as clip·src.
 
 The reference computes each element in float64 and rounds it once to fp32: exact for these inputs (an fp32 product
@@ -54,7 +54,7 @@ def test_one_dimensional_and_a_python_coefficient() -> None:
 
 def test_negative_controls_two_roundings_or_a_bf16_product_are_seen() -> None:
     """Rounding the product before the add (two roundings), or rounding it to the gradient's dtype as torch's
-    in-place bf16 clipping does (the rule before issue 25), both differ from one rounding: the oracle above can
+    in-place bf16 clipping does (the rule before accumulate_into_), both differ from one rounding: the oracle above can
     fail."""
     acc, src = _inputs(torch.bfloat16, seed=4)
     expected = _rounded_once(acc, src, 0.37, first=False)

@@ -1,7 +1,7 @@
-"""The host memory ZenFlowAdamW holds (audit gpu-2 F1 fixes 3-5, F9): no full-width host state at construction,
-host buffers only for host-owned columns, every staging buffer a view into one arena, `host_state_bytes` equal to
-`host.host_bytes` and to a hand computation, and no selection work at all with topk_ratio 0. Every optimizer here is
-`host_layout="compact"`: the host memory of a GPU host, what host.host_bytes and the memory plan describe; whole
+"""The host memory ZenFlowAdamW holds (docs/history.md, "Llama-2-7B on one GPU host"): no full-width host state at
+construction, host buffers only for host-owned columns, every staging buffer a view into one arena, `host_state_bytes`
+equal to `host.host_bytes` and to a hand computation, and no selection work at all with topk_ratio 0. Every optimizer
+here is `host_layout="compact"`: the host memory of a GPU host, what host.host_bytes and the memory plan describe; whole
 rows (the CPU device's default) hold every column of the block, tests/core/test_host_layout.py."""
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def test_parts_not_built_yet_shard_and_consolidate(zenflow_opt):
             assert back["state"][key]["host_master"] is None
 
 
-# ---- topk_ratio 0: a selection is a no-op (audit F9) ---------------------------------------------------------------
+# ---- topk_ratio 0: a selection is a no-op ---------------------------------------------------------------------------
 class Blocks:
     def __init__(self) -> None:
         self.seen: list[str] = []

@@ -1,6 +1,6 @@
 """Overlap mode holds a bounded amount of gradient memory (docs/host-worker.md, "Memory bound").
 
-The CPU twin of the GPU out-of-memory the audit predicts (item 2): when the host part is slower than a training
+The CPU twin of the GPU out-of-memory a reading of the CUDA path predicted: when the host part is slower than a training
 step, background accumulation jobs queue up, and each one used to keep its step's whole gradient alive. With the
 backpressure bound (at most one accumulation queued behind the running one), background work keeps at most two
 gradient sets alive after `step()` + `zero_grad()`, however slow the host is. On CUDA the bound is tighter (the

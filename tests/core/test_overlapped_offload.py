@@ -1,4 +1,4 @@
-"""OverlappedOffloadAdamW (ref-offload-overlap, issue 24): exact AdamW semantics with the host steps started during
+"""OverlappedOffloadAdamW (ref-offload-overlap): exact AdamW semantics with the host steps started during
 backward. Oracles against torch.optim.AdamW (fp32), with and without clipping; bf16 with clipping against torch's
 AdamW on the landed gradients clipped by the module docstring's fp32 rule; negative controls for each. The device
 gradients are dropped as they land."""
@@ -129,7 +129,7 @@ def _replayed_bf16_reference(landed: list[list[torch.Tensor]], clip: float,
 
 
 def test_bf16_with_clipping_clips_the_exact_upcast_gradient_in_fp32() -> None:
-    """The module docstring's rule (ZenFlow's host path since issue 25), bit for bit; the other candidate, the
+    """The module docstring's rule (ZenFlow's host path, host.accumulate_into_), bit for bit; the other candidate, the
     clipped gradient rounded in bf16 as torch's in-place clipping writes it, is told apart (fp32 cannot tell them:
     the rules agree there)."""
     net, landed = model(torch.bfloat16), []

@@ -1,4 +1,4 @@
-"""ZenFlowAdamW where users train (issue 16): param groups added or unfrozen after construction, per-group lr and
+"""ZenFlowAdamW where users train: param groups added or unfrozen after construction, per-group lr and
 weight decay on both parts, LR schedulers (which lr the host part uses), zero_grad(set_to_none=False), a state dict
 that torch.load(weights_only=True) reads, tied weights. Oracles: topk 1 and topk 0 / interval 1 / sync are AdamW."""
 

@@ -1,4 +1,4 @@
-"""Promises of the step's edges, each pinned directly (issue 11 item 9): the clip coefficient is capped at 1, leaving
+"""Promises of the step's edges, each pinned directly: the clip coefficient is capped at 1, leaving
 a `with` block flushes like `drain()`, and a state_dict saved in the middle of an update interval resumes bit for bit.
 
 Fixed gradients per step (tests/support/helpers.grad_stream), fp32, betas not (0, 0).

@@ -1,4 +1,4 @@
-"""What docs/step-semantics.md promises about reselection, each pinned directly (issue 11 item 9).
+"""What docs/step-semantics.md promises about reselection, each pinned directly.
 
 - A column that changes owner keeps its bias-corrected moments m/(1-b1^s), v/(1-b2^s) exactly at the move, in
   both directions, also when the two sides have made different numbers of updates; nothing is zeroed.

@@ -153,7 +153,7 @@ def test_plain_script_without_main_guard_exits_cleanly_with_the_worker_running(t
     (8, 0.75, [6, 7], [0, 1, 2, 3, 4, 5]),
 ])
 def test_reserved_cores_give_each_side_at_least_one_core(monkeypatch, n_cores, fraction, worker, compute):
-    """Audit 4 WK2: `reserved_cores` splits the cores as DeepSpeed's pt_reserved_cores_perc does (the fraction for
+    """`reserved_cores` splits the cores as DeepSpeed's pt_reserved_cores_perc does (the fraction for
     compute, the rest for the worker), and each side gets at least one core."""
     from zenflow.worker import reserved_cores
 

@@ -1,4 +1,4 @@
-"""The calibration on a VM whose speed drifts between rounds (zenflow/costmodel/calibrate.py, issue 41 item 4): the
+"""The calibration on a VM whose speed drifts between rounds (zenflow/costmodel/calibrate.py): the
 drift is factored out before the spread is judged, an unstable number still stands out, and the message says what
 was measured instead of guessing."""
 

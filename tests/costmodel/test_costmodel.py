@@ -231,8 +231,8 @@ def _at_speed(record: dict, speed: float) -> dict:
 
 @pytest.mark.slow
 def test_two_calibrations_in_a_row_agree(two_smoke_calibrations: list[dict]) -> None:
-    """Warm-up discarded, rounds in fresh processes, medians: a second calibration reproduces the first
-    (issue 15), on every number both measured within their spread bound, once the machine's speed of the moment is
+    """Warm-up discarded, rounds in fresh processes, medians: a second calibration reproduces the first,
+    on every number both measured within their spread bound, once the machine's speed of the moment is
     factored out. The calibrations are forced (--force), so a number whose rounds split between this VM's two speeds
     (2-thread host AdamW, 1.5x apart per process: seen here as 1.56 vs 2.38 ms in one CI run) is left to the refusal
     that a real calibration would make. The tiny model's steps last 2-9 ms, where one scheduler tick is a tenth of a

@@ -1,4 +1,4 @@
-"""The cost model of ZenFlow with device accumulation (zenflow-da-*, issue 25): bytes, its exact reductions to
+"""The cost model of ZenFlow with device accumulation (zenflow-da-*): bytes, its exact reductions to
 host-accumulation ZenFlow, and the ceiling it lifts on the sensitivity axis (docs/cost-model.md)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The falsifiable projection (issue 15): the ρ axis and its bound, the same-frequency control, the inverse check's
+"""The falsifiable projection: the ρ axis and its bound, the same-frequency control, the inverse check's
 solves landing on the published step times, placements on a curve, and the host-kernel measurement record."""
 
 from __future__ import annotations

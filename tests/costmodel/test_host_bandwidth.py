@@ -1,4 +1,4 @@
-"""zenflow.costmodel.host_bandwidth: the record's arithmetic, its table and its CLI (issue 25, part 3). Tiny buffers:
+"""zenflow.costmodel.host_bandwidth: the record's arithmetic, its table and its CLI. Tiny buffers:
 what the numbers are, not how fast (the bench and `python -m zenflow.costmodel.host_bandwidth` measure)."""
 
 from __future__ import annotations

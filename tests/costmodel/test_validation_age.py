@@ -1,4 +1,4 @@
-"""Issue 26: `make project` validates a calibration against runs of the same day.
+"""`make project` validates a calibration against runs of the same day.
 
 A calibration is refused against runs more than MAX_AGE_H from it (either way) unless --allow-old-runs, and the
 table then warns in its first line; the same-day sample is the verdict's points, interleaved, one repeat, within its

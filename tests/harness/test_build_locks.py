@@ -1,4 +1,4 @@
-"""No silent hang on DeepSpeed's op builds (issue 12 item 3): a killed build's lock file is found and named, and a
+"""No silent hang on DeepSpeed's op builds: a killed build's lock file is found and named, and a
 stopped run child releases the lock it holds instead of leaving it behind."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pieces of the one-command GPU window (issue 33) that need no window: the deadline's arithmetic and its skips
+"""The pieces of the one-command GPU window that need no window: the deadline's arithmetic and its skips
 in a real plan, the archive's manifest and its checks, the commit of a tree copied without .git."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_estimates_are_corrected_by_the_runs_done():
 
 
 def test_the_correction_is_total_measured_over_total_estimated_seconds():
-    """Audit 4 DL1: the docstring's (measured seconds) / (estimated seconds) of the runs so far, not a mean of ratios
+    """The docstring's (measured seconds) / (estimated seconds) of the runs so far, not a mean of ratios
     (which weighs a 10 s run as much as a 100 s one)."""
     d = Deadline(time.time() + 1000, {"a": 10.0, "b": 100.0, "c": 200.0})
     d.observe("a", 30.0)
@@ -115,7 +115,7 @@ def rewritten(archive, out, members):
 
 
 def test_an_archive_whose_manifest_has_no_schema_is_refused(tmp_path):
-    """Audit 4 EV2: a manifest that does not say it is a window's ('gpu-evidence/1') is not one: refused."""
+    """A manifest that does not say it is a window's ('gpu-evidence/1') is not one: refused."""
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "b.txt").write_text("hello")
     archive = tmp_path / "e.tar.gz"
@@ -128,7 +128,7 @@ def test_an_archive_whose_manifest_has_no_schema_is_refused(tmp_path):
 
 
 def test_an_archive_member_outside_the_destination_is_refused_and_not_written(tmp_path):
-    """Audit 4 EV3: unpack extracts with the 'data' filter: a member named ../x is refused before it is written."""
+    """Unpack extracts with the 'data' filter: a member named ../x is refused before it is written."""
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "b.txt").write_text("hello")
     archive = tmp_path / "e.tar.gz"
@@ -141,7 +141,7 @@ def test_an_archive_member_outside_the_destination_is_refused_and_not_written(tm
 
 
 def test_a_tree_copied_without_git_takes_its_commit_from_the_environment(tmp_path, monkeypatch):
-    """gpu-audit-3 B10: the device copies the tree without .git; the records must still name the commit."""
+    """The device copies the tree without .git; the records must still name the commit."""
     monkeypatch.delenv(environment.GIT_COMMIT_VAR, raising=False)
     assert environment._git(tmp_path)["commit"] is None  # noqa: SLF001  (the control: nothing to tell)
     monkeypatch.setenv(environment.GIT_COMMIT_VAR, "abc123")

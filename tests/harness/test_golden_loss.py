@@ -17,7 +17,7 @@ from zenflow.harness.session import Session
 from zenflow.harness.workloads import Workload
 
 GOLDEN = Path(__file__).parent / "golden" / "cpu_scale_losses.json"
-# device "cpu": the goldens are CPU numbers; on a GPU host this curve still runs on the CPU (audit item 7).
+# device "cpu": the goldens are CPU numbers; on a GPU host this curve still runs on the CPU.
 # data "synthetic": texts generated from the seed, the same on every machine. With "auto" the texts come from
 # ../shared/data when it is there, and a GPU host (which gets the checkout alone) trained on other texts (2026-11-24).
 WORKLOAD = Workload(dtype="fp32", seq_len=16, hidden=64, layers=2, intermediate=128, heads=4, seed=7, device="cpu",

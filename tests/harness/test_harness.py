@@ -115,7 +115,7 @@ def test_a_run_record_holds_timings_bytes_environment_and_nvml_status(tiny_spec,
     assert record.status == "ok", record.error
     timed = [s for s in record.steps if s["kind"] != "warmup"]
     assert len(timed) == 4 and all(s["period_ms"] > 0 for s in timed)
-    # The GPU form on a GPU host (audit item 7): the hardware id names the GPUs, the run's device is CUDA.
+    # The GPU form on a GPU host: the hardware id names the GPUs, the run's device is CUDA.
     nvml_gpus = bool(record.environment["nvml"].get("available") and record.environment["nvml"].get("devices"))
     gpu_host = nvml_gpus or torch.cuda.is_available()
     assert record.environment["hardware_id"].startswith("cpu-scale") is not gpu_host
@@ -131,12 +131,12 @@ def test_a_run_record_holds_timings_bytes_environment_and_nvml_status(tiny_spec,
         assert [s["kind"] for s in timed] == ["accumulate", "update"] * 2
     if engine == "ref-offload-gas":  # every gradient down and every parameter up, once per 2 steps
         assert record.summary["grad_param_bytes_per_step_over_model_bytes"] == pytest.approx(1.0)
-    # the rest of the machine's CPU over the timed steps, from the kernel's counters (issue 24)
+    # the rest of the machine's CPU over the timed steps, from the kernel's counters
     load = record.protocol["machine_load"]
     assert load["measured"] is os.path.exists("/proc/stat")
     if load["measured"]:
         assert load["own_cpu_s"] > 0 and 0 <= load["outside_cpu_fraction"] <= 1 and load["window_s"] > 0
-    facts = record.metrics.get("zenflow")  # what ZenFlow decided, logged (issue 24): ZenFlow engines only
+    facts = record.metrics.get("zenflow")  # what ZenFlow decided, logged: ZenFlow engines only
     assert (facts is not None) is (engine == "ref-zenflow")
     if facts:
         steps, every = len(record.steps), facts["select_interval"]

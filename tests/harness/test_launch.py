@@ -1,6 +1,6 @@
-"""Launching runs: no orphaned processes, multi-GPU labelling and sharding, the engine's device, preflight checks.
-
-Audit items 4, 7, 9, 16, 24, 26 (../shared/reviews/gpu-audit.md) and issue 11 item 7 (DeepSpeed absent).
+"""Launching runs: no orphaned processes, multi-GPU labelling, a free launcher port and sharding, the engine's
+device, preflight checks, and a DeepSpeed engine where DeepSpeed is absent (docs/history.md, "The first reading of
+the CUDA path").
 """
 
 from __future__ import annotations

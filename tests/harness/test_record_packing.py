@@ -1,4 +1,4 @@
-"""Run records with many steps store them packed (zenflow/harness/records.py, gpu-audit-4 F6): read back exactly,
+"""Run records with many steps store them packed (zenflow/harness/records.py): read back exactly,
 every other field readable JSON, a few steps left as they are, and the tree that travels to a GPU host under its
 limit."""
 
@@ -56,8 +56,8 @@ def test_an_unknown_packing_is_refused_in_one_line():
 
 
 def test_the_tree_that_travels_to_a_gpu_host_stays_under_its_limit():
-    """What the device tool copies: the tracked files (plus the wheel set's allowance). At 48 of 64 MiB a day of
-    result commits from refusal (gpu-audit-4 F6); packed records brought it to about 34."""
+    """What the device tool copies: the tracked files (plus the wheel set's allowance). At 48 of 64 MiB (2026-11-28)
+    a day of result commits from refusal; packed records brought it to about 34."""
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, timeout=60)
     if listed.returncode != 0:
         if os.environ.get("CI"):

@@ -1,8 +1,8 @@
-"""What survives a killed command, and what does not (../shared/reviews/gpu-audit-2.md F4, F5, F6, F16).
+"""What survives a killed command, and what does not (docs/history.md, "Llama-2-7B on one GPU host").
 
-A run child dies with its parent, even a SIGKILLed one (F6); a child killed by a signal is named as such; a resumed
-plan never deletes another plan's complete records (F4) and keeps ds-twin-flow's (F5); DeepSpeed's op cache lives
-in the checkout's build/, where the build-lock check looks (F16).
+A run child dies with its parent, even a SIGKILLed one; a child killed by a signal is named as such; a resumed plan
+never deletes another plan's complete records and keeps ds-twin-flow's; DeepSpeed's op cache lives in the
+checkout's build/, where the build-lock check looks.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def reap():
             os.kill(pid, signal.SIGKILL)
 
 
-# ---- F6: a run child dies with its parent ---------------------------------------------------------------------
+# ---- a run child dies with its parent -------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("die_with_parent", [True, False], ids=["death-signal", "negative-control-none"])
@@ -156,7 +156,7 @@ def test_a_sigkilled_run_child_is_named_in_the_records_first_and_last_line(no_of
     assert "SIGKILL (signal 9)" in plans._outcome(record) and "OOM killer" in plans._outcome(record)  # the console
 
 
-# ---- F4: --resume never deletes other plans' records --------------------------------------------------------
+# ---- --resume never deletes other plans' records ------------------------------------------------------------
 def rec(engine: str, status: str = "ok", step_ms: float = 1.0) -> RunRecord:
     return RunRecord(engine=engine, status=status, config={"c": 1}, summary={"cycle_mean_ms": step_ms})
 
@@ -189,7 +189,8 @@ def test_a_resumed_plan_of_other_runs_moves_the_earlier_plans_ok_records_in_too(
 
 
 def test_execute_keeps_an_interrupted_plans_ok_run_when_another_plan_completes(tmp_path, monkeypatch, capsys):
-    """The audit's sequence through plans.execute: `--engines A` killed after A-r0, then `--engines B --resume`."""
+    """A killed plan, then another resumed, through plans.execute: `--engines A` killed after A-r0, then `--engines B
+    --resume`."""
     def fake_run(spec: RunSpec, out: Path) -> RunRecord:
         if spec.engine == "A" and Path(out).name == "A-r1.json":
             raise KeyboardInterrupt  # the command's SIGTERM arrives during A-r1
@@ -213,7 +214,7 @@ def test_execute_keeps_an_interrupted_plans_ok_run_when_another_plan_completes(t
     assert "also moved into" in capsys.readouterr().err
 
 
-# ---- F5: ds-twin-flow is recognised on resume ------------------------------------------------------------------
+# ---- ds-twin-flow is recognised on resume ----------------------------------------------------------------------
 TWIN = {"zero_optimization": {"stage": 3, "sub_group_size": "auto", "offload_optimizer": {"ratio": 0.5}}}
 RESOLVED = {"zero_optimization": {**TWIN["zero_optimization"], "sub_group_size": 3654176}}
 
@@ -254,7 +255,7 @@ def test_a_session_stores_the_config_as_asked_for_beside_the_engines_resolution(
     assert record.protocol["spec_config"] == cfg and same_run(record, spec)
 
 
-# ---- F16: DeepSpeed's op cache inside the checkout ------------------------------------------------------------
+# ---- DeepSpeed's op cache inside the checkout -----------------------------------------------------------------
 def test_run_children_build_ops_in_the_checkouts_build_folder_where_the_lock_check_looks(no_offload_spec, tmp_path,
                                                                                          monkeypatch):
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)

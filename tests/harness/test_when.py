@@ -77,7 +77,7 @@ def test_an_unstamped_record_is_dated_from_its_commit_to_the_commit_of_its_recor
 
 
 def test_a_subfolders_records_do_not_date_the_folder(repo: Path) -> None:
-    """Audit 4 WH1: the folder's own records are committed on its last day, not the records of a subfolder (another
+    """The folder's own records are committed on its last day, not the records of a subfolder (another
     set, e.g. deepspeed/) committed later."""
     ran_at = git(repo, "rev-parse", "HEAD", day="2026-11-20")
     folder = repo / "results"

@@ -1,8 +1,7 @@
-"""Promises kept pinned (issue 36, issue 45): a curated list of one-line mutants of the core promises, from the
-mutation audits (../shared/reviews/tests-audit-2.md, tests-audit-3.md, tests-audit-4.md), each applied to a copy of
-the package and run against the tests that pin it. Every mutant must be killed: a later change that stops a test from
-noticing one of them (a test weakened, deleted or no longer reaching the code) fails here at once, naming the
-promise.
+"""Promises kept pinned: a curated list of one-line mutants of the core promises, from the mutation audits
+(docs/mutation-audits.md; docs/history.md, "Promises pinned by mutation"), each applied to a copy of the package and run
+against the tests that pin it. Every mutant must be killed: a later change that stops a test from noticing one of them
+(a test weakened, deleted or no longer reaching the code) fails here at once, naming the promise.
 
 A small hand-written runner rather than a mutation-testing package (mutmut, cosmic-ray): those generate and run
 hundreds of mutants over whole files, minutes to hours; this keeps about twenty chosen ones within about a minute of
@@ -91,8 +90,8 @@ MUTANTS = (  # about twenty of the core promises, each with the fast test that p
            "the CPU self-check of the differential passes only when bit-identical"),
     Mutant("D1", "zenflow/harness/deadline.py", "if need <= left:", "if True or need <= left:",
            ("tests/harness/test_deadline.py::test_estimates_are_corrected_by_the_runs_done",),
-           "a run starts only when its corrected estimate fits the time left (issue 33)"),
-    # round 4 (tests-audit-4.md): survivors of the whole suite, each now pinned by a direct test (issue 45)
+           "a run starts only when its corrected estimate fits the time left"),
+    # round 4 of the mutation audits: survivors of the whole suite, each now pinned by a direct test
     Mutant("DL1", "zenflow/harness/deadline.py",
            "return sum(m for _, m in pairs) / sum(e for e, _ in pairs) if pairs else 1.0",
            "return sum(m / e for e, m in pairs) / len(pairs) if pairs else 1.0",
@@ -156,7 +155,7 @@ def apply(tree: Path, mutant: Mutant) -> None:
     path = tree / mutant.path
     text = path.read_text()
     assert text.count(mutant.old) == 1, (f"{mutant.id}: {mutant.old!r} occurs {text.count(mutant.old)} times in "
-                                         f"{mutant.path}: the code moved; update the mutant (tests-audit-3.md)")
+                                         f"{mutant.path}: the code moved; update the mutant (docs/mutation-audits.md)")
     path.write_text(text.replace(mutant.old, mutant.new))
 
 

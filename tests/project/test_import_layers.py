@@ -1,4 +1,4 @@
-"""The import structure of zenflow/ (issue 23), read from the source with `ast` (nothing is imported).
+"""The import structure of zenflow/, read from the source with `ast` (nothing is imported).
 
 Four rules, each a function below, each with a negative control that builds a small package in tmp_path and shows
 the rule fires:

@@ -1,7 +1,7 @@
-"""The library needs only torch (issue 12.4; docs/design.md §1; architecture review P10): `pip install .` requires torch
-alone, `import zenflow` imports nothing beyond torch and the standard library and trains with the harness's packages
-refused, and everything the harness, reproductions, bench and tests import is in an extra (and in preflight's
-tables, which `make ... VENV=` prints)."""
+"""The library needs only torch (docs/design.md §1): `pip install .` requires torch alone, `import zenflow` imports
+nothing beyond torch and the standard library and trains with the harness's packages refused, and everything the
+harness, reproductions, bench and tests import is in an extra (and in preflight's tables, which `make ... VENV=`
+prints)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Packaging and CI: the package installs into a GPU user's own environment, `make ... VENV=` touches no network,
-the GPU workflow fails on a failing benchmark and pushes a baseline only from a job that may (audit items 6, 17, 18;
-issue 11 item 7)."""
+the GPU workflow fails on a failing benchmark and pushes a baseline only from a job that may."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def test_the_package_accepts_the_torch_a_gpu_host_already_has():
 
 
 def test_transformers_floor_knows_the_dtype_keyword_and_deepspeed_is_optional():
-    reqs = requirements("harness")  # the library needs only torch (issue 12 item 4); the harness loads models
+    reqs = requirements("harness")  # the library needs only torch; the harness loads models
     assert reqs["transformers"].specifier.contains("4.56.0") and not reqs["transformers"].specifier.contains("4.55.4")
     assert "deepspeed" not in reqs | requirements()  # an extra: without it the ds-* rows say "not installed"
 

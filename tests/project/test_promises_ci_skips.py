@@ -1,4 +1,4 @@
-"""Tests that depend on committed results must not skip silently in CI (issue 11 item 9).
+"""Tests that depend on committed results must not skip silently in CI.
 
 tests/harness/test_golden_loss.py rewrites its golden file and skips when ZENFLOW_UPDATE_GOLDEN is set, and fails only
 when the file lacks an engine; tests/costmodel/test_costmodel.py skips its validation-table tests when no

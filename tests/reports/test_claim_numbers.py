@@ -25,7 +25,7 @@ def test_validation_points_are_counted_within_the_bound_by_their_absolute_error(
 
 
 def test_a_validation_beyond_its_day_bound_says_so():
-    """`_days` (issue 26): how far the runs are from their calibration, and ", beyond the N h bound" when they are."""
+    """`_days`: how far the runs are from their calibration, and ", beyond the N h bound" when they are."""
     dating = {"runs_taken": ["2026-11-22T10:00:00", "2026-11-23T08:00:00"], "apart_h": 30.0, "bound_h": 12.0,
               "over_bound": True}
     assert _days(dating).endswith("≤ 30 h from the calibration, beyond the 12 h bound")

@@ -1,5 +1,5 @@
 """Every committed table is made from its committed records only: remaking it from them gives the same bytes
-(issue 12: tables and figures read records only; a change of schema or report shows up here)."""
+(tables and figures read records only; a change of schema or report shows up here)."""
 
 from __future__ import annotations
 
@@ -65,14 +65,14 @@ def test_scaling_table_regenerates_byte_identical(folder: Path, tmp_path: Path, 
 @pytest.mark.parametrize("folder", _sets("costmodel/*/calibration.json"), ids=lambda p: p.name)
 def test_costmodel_tables_regenerate_byte_identical(folder: Path, tmp_path: Path) -> None:
     cal = load_calibration(folder / "calibration.json", folder.name)
-    runs = committed_runs(folder)  # issue 26: the same-day sample or the full validation, as validation.json says
+    runs = committed_runs(folder)  # the same-day sample or the full validation, as validation.json says
     rows = validation(cal, folder.name, runs=runs)
     if rows:
         write_validation(rows, tmp_path, cal, validation_dating(cal, folder.name, runs=runs))
     write_projection(projection(cal), tmp_path, cal)
     _same_files(folder, tmp_path, ("validation.md", "validation.csv", "validation.json", "projection.md",
                                    "projection.csv"))
-    # issue 15: the inverse check, the band and the figure's inputs, where committed (one of them gone fails)
+    # the inverse check, the band and the figure's inputs, where committed (one of them gone fails)
     falsifiable = ("inverse.md", "inverse.json", "projection-band.md", "projection-band.csv")
     if any((folder / name).exists() for name in falsifiable):
         write_falsifiable(cal, rows, tmp_path, folder / "host-adam.json")

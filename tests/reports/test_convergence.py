@@ -1,4 +1,4 @@
-"""Loss against wall time (reports/convergence.py, issue 24): time to the baseline's final smoothed loss, the loss
+"""Loss against wall time (reports/convergence.py): time to the baseline's final smoothed loss, the loss
 at equal time and the time-to-loss speedup, on records whose answers are worked out by hand."""
 
 from __future__ import annotations

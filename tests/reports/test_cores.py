@@ -1,4 +1,4 @@
-"""The host worker's share of the cores (reports/cores.py, llama7b --cores-ablation; issue 24 part 3): the split each
+"""The host worker's share of the cores (reports/cores.py, llama7b --cores-ablation): the split each
 engine makes of a host's cores, rows per (engine, fraction) with the speedup over the default paired by repeat, and
 a real ablation run end to end at smoke size."""
 

@@ -1,4 +1,4 @@
-"""GLUE accuracy against training time (reports/glue_curve.py, issue 24): the target is ZeRO-Offload's final score,
+"""GLUE accuracy against training time (reports/glue_curve.py): the target is ZeRO-Offload's final score,
 time to target is the first point at or above it, and an engine that never gets there says so."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GLUE study (issue 15): the paired deficit and its interval against hand-computed values, the verdicts, the rule
+"""GLUE study: the paired deficit and its interval against hand-computed values, the verdicts, the rule
 that ZenFlow runs borrow the default's ZeRO-Offload scores only at the same budget, the knob flags reaching the
 ZenFlow block, and a tiny study end to end through reproduce/glue_study.py."""
 

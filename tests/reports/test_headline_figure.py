@@ -1,4 +1,4 @@
-"""The Llama scenario's figure.png (reports/headline_figure.py, issue 34 item 4): at most 1200 px wide, the paper's
+"""The Llama scenario's figure.png (reports/headline_figure.py): at most 1200 px wide, the paper's
 engines alone in panel 1, every other engine that ran in panel 2, engines not run named in the caption and not
 drawn, and speedup labels that carry their 95% interval. Checked on what the figure function says it drew
 (`Drawn`), and on the PNG headers of the drawn and the committed figures."""

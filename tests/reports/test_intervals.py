@@ -1,4 +1,4 @@
-"""95% intervals of step times and paired ratios (reports/intervals.py, issue 24 part 4), and the scenario table's
+"""95% intervals of step times and paired ratios (reports/intervals.py), and the scenario table's
 use of them: a ratio whose interval includes 1 is "no difference", a clear one is a speedup with its interval."""
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def _llama(engine: str, seed: int, update_interval: int, loss: float, steps: int
 
 
 def test_llamas_common_target_is_the_highest_final_loss_of_ref_offload_and_ours():
-    """Audit 4 KN1: COMMON on a loss: per seed the highest final smoothed loss among ref-offload and every ref-zenflow
+    """COMMON on a loss: per seed the highest final smoothed loss among ref-offload and every ref-zenflow
     setting (the worst), which each of them reaches by its last step; DeepSpeed's runs have no say."""
     records = [_llama("ref-offload", 0, 1, 2.0), _llama("ref-zenflow", 0, 4, 2.5), _llama("ref-zenflow", 0, 8, 1.5),
                _llama("ds-zenflow", 0, 4, 9.0)]
@@ -122,7 +122,7 @@ def test_llamas_common_target_is_the_highest_final_loss_of_ref_offload_and_ours(
 
 
 def test_a_setting_that_misses_the_target_with_any_seed_has_no_time_to_target():
-    """Audit 4 KN2: "A setting that misses the target with any seed gets no ratio", nor a time to target: not the
+    """"A setting that misses the target with any seed gets no ratio", nor a time to target: not the
     median over the seeds that reached."""
     records = [_llama("ref-offload", s, 1, 2.0) for s in range(3)]
     records += [_llama("ref-zenflow", s, 4, 1.0 if s < 2 else 3.0) for s in range(3)]  # seed 2 never gets to 2.0

@@ -1,4 +1,4 @@
-"""The scenario table's machine-load notes (reports/scenario.py, issue 24): runs taken while other processes held
+"""The scenario table's machine-load notes (reports/scenario.py): runs taken while other processes held
 the CPU are named as BUSY, quiet ones are not, and records from before the counters say nothing."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def ranked(engine: str, world: int, host_state: int | None, rss: int | None = No
 
 
 def test_several_ranks_give_each_engines_host_memory_per_rank() -> None:
-    """Issue 35: the 2-rank table says what each rank holds on its host; an engine that does not count its host
+    """The 2-rank table says what each rank holds on its host; an engine that does not count its host
     state says so rather than showing a number."""
     notes = host_state_notes([ranked("ref-zenflow-fsdp2", 2, 45_000_000, 595_000_000),
                               ranked("ref-zenflow", 2, 43_000_000, 566_000_000), ranked("ref-zenflow", 2, 41_000_000),

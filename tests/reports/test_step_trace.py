@@ -1,4 +1,4 @@
-"""The step-time trace (reports/step_trace.py, issue 34 item 2): step-trace.csv's numbers on records whose answers
+"""The step-time trace (reports/step_trace.py): step-trace.csv's numbers on records whose answers
 are worked out by hand, and what step-trace.png draws (read back from the figure's artists, no pixel parsing)."""
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def fixtures(tmp: Path) -> dict[str, str]:
 
 # (script, args, env, argument named, fragments of the line: the value and what is allowed)
 CASES = [
-    # -- reproduce/llama7b.py (and `make reproduce-llama7b MODEL= ARGS=`): the inputs of issue 12
+    # -- reproduce/llama7b.py (and `make reproduce-llama7b MODEL= ARGS=`): each input, refused before any run
     pytest.param(LLAMA, ["--seq-len", "0"], {}, "--seq-len", ["'0'", "integer >= 1"], id="llama7b-seq-len-0"),
     pytest.param(LLAMA, ["--micro-batch", "0"], {}, "--micro-batch", ["'0'", "integer >= 1"],
                  id="llama7b-micro-batch-0"),

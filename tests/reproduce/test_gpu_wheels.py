@@ -135,7 +135,7 @@ def fake_set(folder: Path, versions: dict[str, str], pad_bytes: int = 0) -> list
 
 
 def test_the_set_check_takes_exactly_the_tables_versions(tmp_path):
-    """Audit 4 GW2: `check_set`: "Exactly the table's versions" (the GPU host runs what the tests here ran): a wheel
+    """`check_set`: "Exactly the table's versions" (the GPU host runs what the tests here ran): a wheel
     of a package in PINS, in another version, is refused."""
     assert [d.name for d in gw.check_set(fake_set(tmp_path / "ok", gw.PINS), "3.12")] == list(gw.PINS)  # control
     other = fake_set(tmp_path / "other", {**gw.PINS, "deepspeed": "0.19.7"})
@@ -144,7 +144,7 @@ def test_the_set_check_takes_exactly_the_tables_versions(tmp_path):
 
 
 def test_the_set_check_refuses_a_set_over_16_mib(tmp_path):
-    """Audit 4 GW3: the module's promise, "the set fits the device tool's 16 MiB" (a file), is the check's limit."""
+    """The module's promise, "the set fits the device tool's 16 MiB" (a file), is the check's limit."""
     gw.check_set(fake_set(tmp_path / "under", gw.PINS, pad_bytes=15 * 2**20), "3.12")  # the control: it fits
     over = fake_set(tmp_path / "over", gw.PINS, pad_bytes=16 * 2**20 + 1)
     with pytest.raises(gw.SetError, match="over its 16 MiB limit"):

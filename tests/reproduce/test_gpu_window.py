@@ -1,4 +1,4 @@
-"""The dress rehearsal of the one-command GPU window (reproduce/gpu_window.py --rehearsal, issue 33): the same phases
+"""The dress rehearsal of the one-command GPU window (reproduce/gpu_window.py --rehearsal): the same phases
 on the CPU at a tiny shape, under a deadline that cuts the engine list; the archive after every phase; a SIGTERM
 mid-scenario still leaves a valid archive; --publish of either gives the tables."""
 
@@ -115,7 +115,7 @@ def test_publish_gives_the_tables_and_refuses_a_cpu_set_in_results(rehearsal, tm
     assert int.from_bytes(png[16:20], "big") == 7 * 120  # no engine ran: the differential alone, no empty panel
     assert (tmp_path / "gpu-check" / hw / "window" / "phases.json").is_file()
     # the claims page's GPU rows read such a set, and only a GPU's (a cpu-scale id is never one of them): the set
-    # named as a GPU set's first, so that only its cpu-scale hardware id keeps it out (audit 4, PB3)
+    # named as a GPU set's first, so that only its cpu-scale hardware id keeps it out
     (tmp_path / "llama7b" / hw / "smoke").rename(tmp_path / "llama7b" / hw / "llama2-7b-4L")
     assert hw.startswith("cpu-scale") and "no GPU set committed yet" in gpu_section(tmp_path)
     for kind in ("llama7b", "gpu-check"):
@@ -196,7 +196,7 @@ def processes_with(arg: str) -> list[int]:
 
 
 def test_the_scenario_phase_watches_its_folder_and_ends_its_runs_before_the_window(tmp_path, monkeypatch):
-    """Audit 4 WN1, WN2, without a rehearsal: the scenario phase runs with `watch` on its folder, so that every run
+    """Without a rehearsal: the scenario phase runs with `watch` on its folder, so that every run
     record that appears packs the archive at once (window.py's point 4: a SIGKILL mid-scenario keeps every run that
     ended), and its runs' deadline leaves SCENARIO_RESERVE_S of the window for the scenario's table and figure."""
     calls = []
@@ -243,7 +243,7 @@ def test_bad_arguments_are_refused_in_one_line_before_anything_runs(tmp_path):
 
 
 def test_the_probe_imports_for_real(tmp_path):
-    """gpu-audit-3 B3: a package that find_spec finds but that fails to import (a half-installed DeepSpeed) must
+    """A package that find_spec finds but that fails to import (a half-installed DeepSpeed) must
     count as missing, so the window installs the wheels or drops the ds engines instead of failing every ds run."""
     broken = tmp_path / "deepspeed"
     broken.mkdir()

@@ -1,6 +1,6 @@
-"""gpu-audit-4's findings on the one-command GPU window, each with its CPU twin (issue 43): what the window trusts
-on a lent host that the CPU rehearsal never meets (a microVM's growing RAM, a small /dev/shm, a stuck run, a case
-that raises, a build that never ends, a facts child that dies)."""
+"""The findings of a fourth reading of the one-command GPU window, each with its CPU twin (docs/history.md, "The GPU
+window's hardening (2026-11)"): what the window trusts on a lent host that the CPU rehearsal never meets (a microVM's
+growing RAM, a small /dev/shm, a stuck run, a case that raises, a build that never ends, a facts child that dies)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _h200_at_start(monkeypatch: pytest.MonkeyPatch, available_gib: float, shm_gi
     return replace(measured, device_total=H200)
 
 
-# ---- F1: the memory plan on a microVM whose RAM grows as it is used ----------------------------------------------
+# ---- the memory plan on a microVM whose RAM grows as it is used --------------------------------------------------
 
 def test_the_window_plans_from_the_hosts_stated_memory_not_memavailable_at_the_start():
     args = gpu_window.parse_args(["--out", "/tmp/out"])
@@ -88,7 +88,7 @@ def test_every_phase_says_the_hosts_memory_when_it_ended(tmp_path: Path):
     assert memory_now()["total_gib"] == memory["total_gib"]
 
 
-# ---- F2: a stuck run costs its own time only ---------------------------------------------------------------------
+# ---- a stuck run costs its own time only -------------------------------------------------------------------------
 
 def test_a_started_run_may_take_three_times_its_expected_time_at_least_a_minute_never_past_the_deadline():
     d = Deadline(time.time() + 1000, {"short": 10.0, "long": 100.0, "huge": 400.0})
@@ -139,7 +139,7 @@ def test_the_window_runs_no_offload_before_deepspeeds_zenflow():
     assert order.index("no-offload") < order.index("ds-zenflow") < len(CORE)
 
 
-# ---- F3: one case that raises costs its row, not the check ---------------------------------------------------------
+# ---- one case that raises costs its row, not the check -------------------------------------------------------------
 
 def _raising_on_device_accumulation(real):
     """train_run raising where device accumulation's add and ship run: code no CPU run reaches on CUDA."""
@@ -248,7 +248,7 @@ def test_close_gives_the_staging_arenas_page_locking_back_and_a_later_step_takes
     assert registered == []
 
 
-# ---- F4: the op build holds the scenario at most BUILD_WAIT_S; a stopped build leaves no lock --------------------
+# ---- the op build holds the scenario at most BUILD_WAIT_S; a stopped build leaves no lock ------------------------
 
 @pytest.mark.script
 def test_a_build_still_running_after_its_wait_is_stopped_its_lock_removed_and_the_phase_cut(tmp_path, monkeypatch):
@@ -283,7 +283,7 @@ def test_a_phase_cut_for_time_is_not_a_failure_and_has_its_own_exit_status():
     assert gpu_window.exit_status(["cut", "failed"]) == 1
 
 
-# ---- F5: a facts child that dies costs the hardware id's first source, not the window ------------------------------
+# ---- a facts child that dies costs the hardware id's first source, not the window ----------------------------------
 
 def test_a_facts_child_that_writes_no_environment_record_does_not_end_the_window(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_window, "_output", lambda cmd, env=None: "(exit 1) CUDA init raised\n")
@@ -385,11 +385,11 @@ def test_a_set_of_skipped_runs_publishes_with_the_windows_hardware_label(tmp_pat
     assert "unknown CPU" in (tmp_path / "bare" / "table.md").read_text()
 
 
-# ---- F7: a run child of a ref engine does not import DeepSpeed ------------------------------------------------------
+# ---- a run child of a ref engine does not import DeepSpeed ----------------------------------------------------------
 
 @pytest.mark.script
 def test_a_run_child_of_a_ref_engine_does_not_import_deepspeed(run_spec):
-    """2-5 s per run child on the GPU host (gpu-audit-4 F7): the record still names DeepSpeed's version, from its
+    """2-5 s per run child on the GPU host (estimated): the record still names DeepSpeed's version, from its
     installed metadata. The control: the window's facts capture (the default) does import it."""
     import json
     import os
@@ -413,7 +413,7 @@ def test_a_run_child_of_a_ref_engine_does_not_import_deepspeed(run_spec):
     assert facts["imported"] is True and facts["ds"]["version"] == "0.19.8" and facts["ds"]["accelerator"] == "cpu"
 
 
-# ---- F8: the set's typing_extensions never shadows a newer one on the image ---------------------------------------
+# ---- the set's typing_extensions never shadows a newer one on the image -------------------------------------------
 
 @pytest.mark.parametrize("on_image,installed", [("4.17.0", False), ("4.16.0", False), ("4.15.0", True), (None, True)])
 def test_typing_extensions_is_installed_only_where_the_image_has_an_older_one(on_image, installed):
@@ -424,7 +424,7 @@ def test_typing_extensions_is_installed_only_where_the_image_has_an_older_one(on
     assert [x for x in kept if "typing" not in x] == ["# header", "deepspeed==0.19.8", "pydantic==2.14.4"]  # pinned
 
 
-# ---- F9: a --resume on a warm machine reuses the set's site ---------------------------------------------------------
+# ---- a --resume on a warm machine reuses the set's site -------------------------------------------------------------
 
 def test_the_sets_site_is_one_folder_and_a_second_window_reuses_it(tmp_path, monkeypatch):
     wheels = tmp_path / ".whl"
@@ -488,7 +488,7 @@ def test_sharded_states_dtensors_are_made_on_a_cpu_mesh_over_the_same_ranks(monk
     assert sc.host_mesh(plain_cpu) is plain_cpu  # FSDP2 on the CPU (gloo): its own mesh, no new group
 
 
-# ---- the time a window spends on anything but training (issue 43 item 3) ---------------------------------------------
+# ---- the time a window spends on anything but training ----------------------------------------------------------
 
 def test_the_scenario_phase_says_its_run_childrens_fixed_seconds_and_the_window_each_phases(tmp_path):
     scenario = tmp_path / "smoke"
@@ -510,9 +510,9 @@ def test_the_scenario_phase_says_its_run_childrens_fixed_seconds_and_the_window_
 
 
 def test_a_memory_run_or_a_pcie_window_that_raises_costs_its_own_verdict(monkeypatch):
-    """gpu-audit-4 F3 for the other two checks: the control's run raising keeps the two peaks and fails the check by
-    name; a PCIe window that raises is a failed window with its reason (each window its own), and the table still
-    renders."""
+    """One case that raises costs its row, for the other two checks: the control's run raising keeps the two peaks and
+    fails the check by name; a PCIe window that raises is a failed window with its reason (each window its own), and the
+    table still renders."""
     import torch
 
     from zenflow.harness.checks import memory, pcie, render
@@ -546,7 +546,7 @@ def test_a_memory_run_or_a_pcie_window_that_raises_costs_its_own_verdict(monkeyp
 
 
 def test_the_childrens_path_starts_with_this_interpreters_folder(monkeypatch):
-    """gpu-audit-4 F10: `ninja` of the interpreter's environment is found by DeepSpeed's op build even when python3
+    """`ninja` of the interpreter's environment is found by DeepSpeed's op build even when python3
     was called by its absolute path, with that folder nowhere on PATH."""
     import os
 

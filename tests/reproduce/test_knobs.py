@@ -1,4 +1,4 @@
-"""ZenFlow's knobs at the command line: "auto" wherever an interval is set (issue 34 item 1). One argparse type for
+"""ZenFlow's knobs at the command line: "auto" wherever an interval is set. One argparse type for
 --update-interval / --select-interval (harness/cli.py: interval), the chosen block in every planned run and
 record, a folder of its own for a setting other than the default, and the knobs study's driver
 (reproduce/knobs.py): its budget from the committed records, and its smoke run end to end."""
@@ -127,7 +127,7 @@ def test_the_study_fits_its_budget_from_the_committed_records(tmp_path):
 
 
 def test_the_settings_kept_are_a_prefix_of_the_priority_order(tmp_path, monkeypatch):
-    """Audit 4 KN4: settings are dropped from the end of SETTINGS: once one does not fit, no later one is kept, even
+    """Settings are dropped from the end of SETTINGS: once one does not fit, no later one is kept, even
     a cheaper one that would (here ds-zenflow's 100 s runs do not fit, ref-zenflow's 1 s runs after it would)."""
     monkeypatch.setattr(knobs, "run_seconds", lambda workload, hw: ({"ref-offload": 1.0, "ref-zenflow": 1.0,
                                                                       "ds-zenflow": 100.0}, "made up"))
@@ -142,7 +142,7 @@ def test_the_settings_kept_are_a_prefix_of_the_priority_order(tmp_path, monkeypa
 
 
 def test_a_record_of_another_setting_under_the_runs_name_is_not_this_runs_record(tmp_path):
-    """Audit 4 KN5: `recorded` is "a record of this very run (same engine, config asked for and workload)": a record
+    """`recorded` is "a record of this very run (same engine, config asked for and workload)": a record
     named like the run but asked with another config does not let a resume skip the run."""
     args = knobs.parse_args(["--workloads", "llama", "--budget-min", "1", "--out", str(tmp_path)])
     first = {}

@@ -24,7 +24,7 @@ from zenflow import ZenFlowAdamW
 GLOBAL_BATCH = 8
 # gloo's wait in a collective before it fails the rank: a normal collective of these tiny models takes well under
 # a second even on a loaded 2-core VM; a bug that sends the ranks down different paths (one waits in a collective
-# the other never makes) fails the test in this long instead of gloo's 60 s (audit 4, FS4: 93 s to fail)
+# the other never makes) fails the test in this long instead of gloo's 60 s (93 s to fail, measured)
 COLLECTIVE_TIMEOUT_S = 20
 # The ZenFlow settings the two-rank tests share (tests/core/test_distributed.py, test_fsdp.py): reselection and
 # clipping in sync mode; warm-up, reselection and clipping with overlap.

@@ -31,7 +31,7 @@ def remake_llama(folder: Path, tmp_path: Path) -> None:
     """`folder`'s scenario tables remade into `tmp_path` from its records, compared byte for byte."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     rates = folder / host_ceiling.FILE  # a set published with the host's rates: its table quotes the ceiling
-    if rates.is_file():  # (gpu-audit-3 B13: remade without them, the "Host ceiling" line would disappear)
+    if rates.is_file():  # (remade without them, the "Host ceiling" line would disappear)
         (tmp_path / host_ceiling.FILE).parent.mkdir()
         shutil.copyfile(rates, tmp_path / host_ceiling.FILE)
     scenario_report(read_records(folder), tmp_path, NO_ENV)

@@ -1,4 +1,4 @@
-"""Stall / I/O attribution (docs/design.md §4; audit items 3, 25): the CUDA-events arithmetic checked on the CPU with a
+"""Stall / I/O attribution (docs/design.md §4): the CUDA-events arithmetic checked on the CPU with a
 simulated device (fake events on a fake clock), the host-blocking protocol of the CPU device, peak device memory."""
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def step_with_device_wait(tl: StepTimeline, dev: FakeDevice, observers, upload_m
 
 
 def test_an_exposed_upload_wait_on_the_compute_stream_is_io_not_compute():
-    """gpu-audit-2 F12: `compute.wait_event(upload)` used to land in compute; the events around it book it as I/O."""
+    """`compute.wait_event(upload)` used to land in compute; the events around it book it as I/O."""
     from zenflow.hooks import Observers
 
     tl, dev = cuda_timeline()

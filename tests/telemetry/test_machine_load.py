@@ -1,5 +1,5 @@
 """telemetry.machine_load: other processes' CPU time, from the kernel's counters, counted outside this run's process
-tree and not inside it (issue 24). Linux only (the record says "not measured" elsewhere)."""
+tree and not inside it. Linux only (the record says "not measured" elsewhere)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Each constant is measured alone, outside any end-to-end run, on the machine at h
   parameter copy / scatter back; the rest of the step is clipping norm + device update;
 - contention: forward+backward on one core while the other core runs host AdamW, against each alone.
 
-So that it reproduces (issue 15): the loops run in `rounds` rounds, each a fresh process that first runs every loop
+So that it reproduces: the loops run in `rounds` rounds, each a fresh process that first runs every loop
 once, discarded (first allocations, thread pools, the CPU kernels chosen for each new shape: without it the first
 round of a point came out up to 2.3x slow), then every loop, each dropping its first steps and giving the median of
 the rest. On this shared 2-core VM one round in five or so is off for a whole process, in either direction (one

@@ -1,4 +1,4 @@
-"""The host path against the memory system (issue 25): a streaming bound measured on the worker's cores, and every
+"""The host path against the memory system: a streaming bound measured on the worker's cores, and every
 host part of a ZenFlow step as bytes moved per second against it.
 
 Each part runs the optimizer's own kernel on buffers of one column param's host share (larger than the caches):
@@ -17,7 +17,7 @@ The bound is STREAM's triad (`a = b + s·c`, 12 bytes counted per fp32 element) 
 caches (BOUND_NUMEL: 3 x 256 MB; the Intel Xeon VM's L3 is 480 MB), on the same threads. Bytes are the ones the
 algorithm must move, STREAM's convention: a triad's write-allocate read of `a` is not counted. The accumulation and
 AdamW write back what they read, so they pay no write-allocate and can exceed the triad: the in-place stream
-`a += s·c` (12 bytes, all of them real traffic) is reported beside it as the stricter reference. Goal (issue 25):
+`a += s·c` (12 bytes, all of them real traffic) is reported beside it as the stricter reference. Goal:
 accumulate and AdamW at ≥ 0.8 of the bound, at the host share of the largest column param of the cpu-scale model and
 of a Llama-2-7B layer (docs/host-worker.md, "The host path at the bandwidth bound").
 
@@ -55,7 +55,7 @@ PART_BYTES = {"accumulate": 10, "accumulate_first": 6, "accumulate_unclipped": 1
               "mean": 8, "adamw": 28, "cast_upload": 6}
 STREAM_BYTES = {"copy": 8, "triad": 12, "inplace_add": 12}
 BOUND_NUMEL = 64 * 2**20  # fp32 elements per stream buffer: 256 MB
-GOAL = 0.8  # accumulate and AdamW at >= 0.8 of the bound (issue 25)
+GOAL = 0.8  # accumulate and AdamW at >= 0.8 of the bound
 GOAL_PARTS = ("accumulate", "accumulate_unclipped", "accumulate_beside_python", "adamw")
 # The host share (90% of the columns) of the largest column param of each scenario: cpu-scale's 32000 x 512
 # embedding and LM head; Llama-2-7B's MLP weights (11008 x 4096).

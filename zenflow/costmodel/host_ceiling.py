@@ -1,5 +1,5 @@
 """The host's ceiling beside the measured speedup: at micro-batch 1 every offload engine on a 16-core host is bound by
-host memory bandwidth (gpu-audit-2 F13), so a ZenFlow speedup short of the paper's may be the host's, not ZenFlow's.
+host memory bandwidth, so a ZenFlow speedup short of the paper's may be the host's, not ZenFlow's.
 
 Measured here, in the sitting of the runs: the host AdamW rate (torch's fused AdamW, what our engines run) and the
 gradient accumulation rate (a bf16 gradient added into an fp32 accumulator, the worker's per-step host work), each

@@ -32,7 +32,8 @@ EXAMPLE_SOURCE = ("DeepSpeedExamples ZenFlow Llama-2 fine-tuning README (seeds/0
                   "update steps 1913-2221 ms; 'without ZenFlow, a full update would take nearly 4 seconds'; GPUs not "
                   "stated (taken as the blog's 4x A100)")
 EXAMPLE_FULL_UPDATE_MS = 4000.0
-PAPER_FIG1 = {"a100": (4.6, 5.1), "h100": (3.2, 4.1)}  # arXiv 2505.12242 Fig. 1, Llama-2-7B (issue 6's ranges)
+# arXiv 2505.12242 Fig. 1, Llama-2-7B, the speedup ranges as quoted (docs/history.md, "The paper's numbers")
+PAPER_FIG1 = {"a100": (4.6, 5.1), "h100": (3.2, 4.1)}
 # Intel's core-binding study (DeepSpeed repository, blogs/zenflow-corebinding): 2x DGX-A100-SXM4-40GB GPUs with
 # 2x AMD EPYC 7742 (128 cores) for the 2 GPUs, DeepSpeedExamples' ZenFlow fine-tuning, batch 8 (4 per GPU),
 # topk 0.1, update interval 4, overlap. Qwen2.5-3B: ZeRO-Offload 2887 ms (2497 with --bind_cores_to_rank), ZenFlow

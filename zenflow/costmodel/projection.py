@@ -12,7 +12,8 @@ from zenflow.costmodel.model import predict
 from zenflow.costmodel.presets import GPUS, MODELS, gpu_inputs, host_rates_per_core
 from zenflow.costmodel.validate import BLOCK
 
-# Paper Figure 1 (arXiv 2505.12242, Llama-2-7B): speedup over ZeRO-Offload and stall reduction (issue 6's ranges).
+# Paper Figure 1 (arXiv 2505.12242, Llama-2-7B): speedup over ZeRO-Offload and stall reduction, the ranges as
+# quoted (docs/history.md, "The paper's numbers").
 PAPER = {"a100": ("4.6–5.1×", "−88…−90%"), "h100": ("3.2–4.1×", "−82…−87%")}
 
 
@@ -24,7 +25,7 @@ def projection(cal: dict[str, Any]) -> list[dict[str, Any]]:
         for model in MODELS:
             x = gpu_inputs(model, gpu, adamw, accum)
             off, zen = predict(x, "zero-offload"), predict(x, "zenflow-overlap", BLOCK)
-            da = predict(x, "zenflow-da-overlap", BLOCK)  # device accumulation (issue 25): never run on a GPU
+            da = predict(x, "zenflow-da-overlap", BLOCK)  # device accumulation: never run on a GPU
             x1 = gpu_inputs(model, gpu, adamw, accum, micro_batch=1)  # sensitivity: 8x fewer tokens per step
             speedup_mb1 = predict(x1, "zero-offload").cycle_ms / predict(x1, "zenflow-overlap", BLOCK).cycle_ms
             rows.append({"gpu": gpu, "model": MODELS[model]["label"], "params_b": x.column_params / 1e9,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 OUT_OF_TIME = "out of time"  # how every deadline skip starts: the reports (scenario, gpu_claims, ...) tell it by this
 # A started run may take this many times what it is expected to (at least RUN_FLOOR_S, never past the deadline):
 # a stuck run (DeepSpeed's ZenFlow waits 600 s for a dead worker) becomes "failed: timeout" and the plan moves on,
-# instead of eating every later run (gpu-audit-4 F2)
+# instead of eating every later run
 RUN_SLACK = 3.0
 RUN_FLOOR_S = 60.0
 

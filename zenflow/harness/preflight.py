@@ -1,4 +1,4 @@
-"""Checks before any run: is CUDA usable where a GPU is present (audit item 16), is what the suite imports there.
+"""Checks before any run: is CUDA usable where a GPU is present, is what the suite imports there.
 
     python zenflow/harness/preflight.py          # the import check of `make ... VENV=` (stdlib only, no torch)
     python zenflow/harness/preflight.py --cuda   # also: fail if NVML sees GPUs that torch cannot use
@@ -64,7 +64,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]  # zenflow/harness/preflight.py -
 def torch_extensions_dir() -> Path:
     """Where the run children JIT-build DeepSpeed's ops (runner.child_env sets it) and so where check_build_locks
     looks: $TORCH_EXTENSIONS_DIR when the user set it; in a checkout, its git-ignored build/torch_extensions (a warm
-    GPU machine keeps ignored build outputs between commands, not the home cache: gpu-audit-2 F16); installed as a
+    GPU machine keeps ignored build outputs between commands, not the home cache); installed as a
     package, torch's own default (~/.cache/torch_extensions, or under $XDG_CACHE_HOME)."""
     if os.environ.get("TORCH_EXTENSIONS_DIR"):
         return Path(os.environ["TORCH_EXTENSIONS_DIR"])

@@ -1,4 +1,4 @@
-"""Child processes that never outlive their run (audit item 9).
+"""Child processes that never outlive their run.
 
 Every run child is started in a session (and process group) of its own, so that everything it starts -- DeepSpeed
 launcher ranks, DeepSpeed's spawned ZenFlow worker, dataloader workers -- can be stopped together. `stop_group`
@@ -10,7 +10,7 @@ which then stops the group in order instead of every process dying at once.
 
 The other side of that: a parent that is SIGKILLed (a host's 10-minute command limit, the OOM killer) cannot stop
 anything, and the child, in a session of its own, would run on holding its GPU memory, pinned host memory and any
-op-build lock into the next command (gpu-audit-2 F6). So on Linux the child asks the kernel for SIGTERM when its
+op-build lock into the next command. So on Linux the child asks the kernel for SIGTERM when its
 parent dies (PR_SET_PDEATHSIG): SIGTERM, not SIGKILL, so the child's own cleanup runs (runner.exit_on_sigterm:
 the build lock's `finally`, its failure record); a DeepSpeed launcher or torchrun child passes SIGTERM on to its
 ranks. The kernel ties the signal to the *thread* that forked, not the process, so start_group asks for it only

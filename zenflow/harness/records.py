@@ -21,8 +21,8 @@ from zenflow.harness.tables import write_json_atomic
 
 SCHEMA_VERSION = 1
 # A record of PACK_STEPS_AT steps or more stores them as one packed string (gzip, then base64): the steps are 94% of
-# a record's bytes and a fifth of that packed, and the tree that travels to a GPU host must stay under its limit
-# (gpu-audit-4 F6). Everything else stays readable JSON; RunRecord.read unpacks, floats exactly (JSON's repr).
+# a record's bytes and a fifth of that packed, and the tree that travels to a GPU host must stay under its limit.
+# Everything else stays readable JSON; RunRecord.read unpacks, floats exactly (JSON's repr).
 PACKED = "gzip+base64"
 PACK_STEPS_AT = 64
 
@@ -169,7 +169,7 @@ NO_PEAKS = ("not measured: no step carries CUDA allocator peaks (the run trained
 
 
 def peak_memory(timed: list[dict[str, Any]]) -> dict[str, Any]:
-    """The largest per-step allocator peaks over the timed steps (CUDA; audit item 25), or None and why not."""
+    """The largest per-step allocator peaks over the timed steps (CUDA), or None and why not."""
     allocated = [s["peak_memory_allocated_bytes"] for s in timed if s.get("peak_memory_allocated_bytes") is not None]
     reserved = [s["peak_memory_reserved_bytes"] for s in timed if s.get("peak_memory_reserved_bytes") is not None]
     if not allocated:

@@ -1,4 +1,4 @@
-"""Which engines fit Llama-2-13B and 70B on hosts of 1, 2, 4 and 8 GPUs of 80 GB (issue 35): the memory plan's
+"""Which engines fit Llama-2-13B and 70B on hosts of 1, 2, 4 and 8 GPUs of 80 GB: the memory plan's
 per-rank footprints (each engine's registry memory function at `world` ranks) against a stated multi-GPU host.
 
 Per rank: the device footprint against one GPU (80 GiB, the plan's headroom). Per host: every rank's pinned and

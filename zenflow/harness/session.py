@@ -129,7 +129,7 @@ class Session:
         self.i, self.closed = 0, False
         self.train_start: float | None = None
         self.load: LoadWindow | None = None  # the rest of the machine's CPU time over the timed steps
-        # Accuracy against training time (issue 24): the workload's dev-set evaluation every `eval_every` steps,
+        # Accuracy against training time: the workload's dev-set evaluation every `eval_every` steps,
         # between steps; `training_s` is the wall time spent inside steps only, so evaluations cost none of it.
         self.eval_every: int | None = getattr(self.workload, "eval_every", None)
         self.curve: list[dict[str, Any]] = []
@@ -161,7 +161,7 @@ class Session:
                 self.load = LoadWindow.start()
             timing = self.timeline.start_step(self.i)
             # Phase marks are CUDA events on a GPU: forward_backward_ms / optimizer_ms say when the device got
-            # there, not when the host launched the work (audit item 3); read once the step's events completed.
+            # there, not when the host launched the work; read once the step's events completed.
             self.timeline.use_device(self.engine.device)
             self.timeline.mark("forward")
             loss = self.engine.forward_backward(next(self.batches))
@@ -192,7 +192,7 @@ class Session:
                                    "a GPU)")
         record.summary = summarize_steps(record.steps, spec.cycle, record.model["model_bytes"])
         host_state = self.engine.host_state_bytes()  # this rank's host buffers (ZenFlow engines)
-        zenflow = self.engine.zenflow_facts()  # before close(): what ZenFlow decided (issue 24)
+        zenflow = self.engine.zenflow_facts()  # before close(): what ZenFlow decided
         evaluated = self._evaluate() if self.workload.evaluate is not None else None
         self.close()
         record.metrics["final_loss"] = record.summary["final_loss"]

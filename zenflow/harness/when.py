@@ -1,9 +1,9 @@
 """When runs were made: one answer for every report that says so (figure titles, the claims page, the cost model's
 validation age).
 
-A run record written since issue 34 carries the UTC time its run started (`protocol.taken_at`, written by the
-session). Older records carry only the commit they ran at: such a run is no earlier than that commit's day and no later
-than the day git committed its record, so git dates it (issue 26). A record whose file a later commit only rewrote
+A run record carries the UTC time its run started (`protocol.taken_at`, written by the session). Records written
+before that field existed carry only the commit they ran at: such a run is no earlier than that commit's day and no
+later than the day git committed its record, so git dates it. A record whose file a later commit only rewrote
 (its steps packed: records.py) keeps that day in `protocol.record_committed_at`, read before git's. Days are UTC days.
 """
 

@@ -41,7 +41,7 @@ def outcome(code: int, ok: tuple[int, ...] = (0,)) -> str:
 
 def memory_now() -> dict[str, float | None]:
     """MemTotal, MemAvailable and /dev/shm's free GiB now: a microVM's RAM grows as it is used, so each phase says
-    what the host had when it ended (gpu-audit-4 F1)."""
+    what the host had when it ended."""
     try:
         meminfo = {k: int(v.split()[0]) * 1024 for k, v in
                    (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)}

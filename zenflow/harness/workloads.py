@@ -200,7 +200,7 @@ def batches(w: Workload, tokenizer: Tokenizer, texts: list[str], rank: int | Non
             world_size: int | None = None) -> Iterator[torch.Tensor]:
     """Packed token batches [micro_batch, seq_len], deterministic in the seed, cycling over the data forever.
 
-    Sharded by rank (audit item 4): every rank shuffles the same batch starts with the same seed and takes every
+    Sharded by rank: every rank shuffles the same batch starts with the same seed and takes every
     `world_size`-th one from its `rank` on, so the ranks of a multi-GPU run train on disjoint batches (as
     DistributedSampler does). `rank` and `world_size` default to the RANK and WORLD_SIZE the DeepSpeed launcher sets
     (0 and 1 otherwise: a single process sees exactly the unsharded stream)."""

@@ -18,7 +18,7 @@ from typing import Any
 from zenflow.harness.records import unpack_steps
 from zenflow.harness.tables import read_csv
 
-# The verdicts a claim may reach, and nothing else (issue 34): a rule returns one of these.
+# The verdicts a claim may reach, and nothing else: a rule returns one of these.
 HOLDS, PARTLY, DOES_NOT_HOLD, NO_DIFFERENCE = "holds", "partly", "does not hold", "no difference"
 NOT_MEASURED, PROJECTED_ONLY = "not measured here", "projected only"
 VERDICTS = (HOLDS, PARTLY, DOES_NOT_HOLD, NO_DIFFERENCE, NOT_MEASURED, PROJECTED_ONLY)

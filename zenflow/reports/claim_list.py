@@ -1,4 +1,4 @@
-"""The paper's claims as data (issue 34): one `Claim` each, with the files it reads, a headline, the rule that judges
+"""The paper's claims as data: one `Claim` each, with the files it reads, a headline, the rule that judges
 it, stated before the numbers are read, and the detail shown under the table. Adding a claim: a result set with its
 table (reproduce/), its numbers in claim_numbers.py, then one entry here.
 """

@@ -1,4 +1,4 @@
-"""Loss against wall-clock time (issue 24): a faster step that needs more steps to reach the same loss is not the
+"""Loss against wall-clock time: a faster step that needs more steps to reach the same loss is not the
 same win. From the records' per-step losses and periods only:
 
 - the target is the final smoothed loss of the every-step ZeRO-Offload run (ds-zero-offload, else ref-offload) in

@@ -1,4 +1,4 @@
-"""The host worker's share of the cores (issue 24, part 3): ZenFlow's step time at each `pt_reserved_cores_perc`.
+"""The host worker's share of the cores: ZenFlow's step time at each `pt_reserved_cores_perc`.
 
 ZenFlow splits each rank's CPU cores in two: `pt_reserved_cores_perc` of them stay with PyTorch (forward, backward
 and, at cpu-scale, the device-side update), the rest run the host worker (the interval's accumulation and the CPU

@@ -49,7 +49,7 @@ def age_line(dating: dict[str, Any]) -> str:
 
 def committed_runs(out: Path) -> str:
     """Which runs the validation in `out` compared with ("sample" or "full"), as its validation.json says; "full"
-    for a table made before there was a sample (issue 26)."""
+    for a table made before there was a sample."""
     path = out / "validation.json"
     return json.loads(path.read_text())["runs"] if path.exists() else "full"
 

@@ -1,4 +1,4 @@
-"""GLUE accuracy against training time (issue 24): the dev score each run recorded every `--eval-every` steps
+"""GLUE accuracy against training time: the dev score each run recorded every `--eval-every` steps
 (record.metrics["curve"]: step, training seconds so far, score), read from the records only.
 
 Per task, engine and seed, the target is the final score of the every-step ZeRO-Offload run (ds-zero-offload, else

@@ -1,4 +1,4 @@
-"""The GPU sets beside the claims table of results/README.md (issue 33): one row per GPU result set of the Llama-2-7B
+"""The GPU sets beside the claims table of results/README.md: one row per GPU result set of the Llama-2-7B
 layer scenario (reproduce/gpu_window.py --publish files them under results/llama7b/<gpu hardware-id>/llama2-7b-<L>L/),
 never mixed with the cpu-scale numbers above them. Every number is read from the set's table.csv, ratios.csv and
 the window's facts; with no GPU set committed, one line says so and names the command that makes one."""

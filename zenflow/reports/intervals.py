@@ -1,4 +1,4 @@
-"""95% intervals for step times and their ratios, over repeated runs (issue 24, part 4).
+"""95% intervals for step times and their ratios, over repeated runs.
 
 A step time is the mean over one run's whole update cycles; a cell repeats the run (5 times at cpu-scale, 3 on a
 GPU), engines interleaved, so run r of every engine shares one seed and one stretch of machine time. Intervals:

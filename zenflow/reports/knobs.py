@@ -1,4 +1,4 @@
-"""The knobs study (issue 34 item 1; reproduce/knobs.py): ZenFlow at fixed and "auto" intervals, beside
+"""The knobs study (reproduce/knobs.py): ZenFlow at fixed and "auto" intervals, beside
 ZeRO-Offload, on two workloads, from the records only.
 
 Per workload and seed the target is ref-offload's final result with that seed (same weights and data order): on the

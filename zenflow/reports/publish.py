@@ -75,7 +75,7 @@ def publish_window(archive: Path, into: Path | None = None, replace: bool = Fals
 
 def _facts_environment(work: Path) -> dict:
     """The window's environment record (facts/), the hardware label of a set whose records have none (every run
-    skipped, or failed before it started: gpu-audit-4 P2)."""
+    skipped, or failed before it started)."""
     try:
         return json.loads((work / "facts" / "environment.json").read_text())
     except (OSError, ValueError):
@@ -83,7 +83,7 @@ def _facts_environment(work: Path) -> dict:
 
 
 def hardware_fallback(work: Path, scenario: str | None) -> str | None:
-    """The hardware id where the facts phase left none (gpu-audit-4 F5): the checks' record's environment, then
+    """The hardware id where the facts phase left none: the checks' record's environment, then
     the first run record that has one."""
     try:
         found = json.loads((work / "gpu-check" / "gpu-check.json").read_text())["environment"]["hardware_id"]
@@ -104,7 +104,7 @@ def hardware_fallback(work: Path, scenario: str | None) -> str | None:
 
 def _gpu_check(work: Path, dest: Path) -> str:
     """The checks' record as it came, its table and figure made here (this side's tabulate, as the committed-table
-    test remakes them: gpu-audit-4 P3), and the window's facts beside them."""
+    test remakes them), and the window's facts beside them."""
     dest.mkdir(parents=True, exist_ok=True)
     record = json.loads((work / "gpu-check" / "gpu-check.json").read_text())
     shutil.copyfile(work / "gpu-check" / "gpu-check.json", dest / "gpu-check.json")

@@ -1,4 +1,4 @@
-"""A Llama scenario folder's step-time trace, ZeRO-Offload against ZenFlow, from its records (issue 34 item 2).
+"""A Llama scenario folder's step-time trace, ZeRO-Offload against ZenFlow, from its records.
 
 DeepSpeedExamples' ZenFlow fine-tuning README shows ZenFlow as a trace: fast accumulation steps, a slower update step
 every `update_interval`, both under ZeRO-Offload's every-step update. `scenario_report` calls step_trace_report.

@@ -110,7 +110,7 @@ def _version(package: str) -> str | None:
 
 def _deepspeed_installed() -> dict[str, Any]:
     """DeepSpeed's version from its installed metadata, without importing it (seconds and an accelerator probe that
-    a run of a non-DeepSpeed engine does not need: gpu-audit-4 F7)."""
+    a run of a non-DeepSpeed engine does not need)."""
     return {"version": _version("deepspeed"), "accelerator": None, "error": None, "imported": False}
 
 
@@ -145,7 +145,7 @@ def capture_environment(import_deepspeed: bool = True) -> dict[str, Any]:
 
 
 def visible_gpus(env: dict[str, Any]) -> list[dict[str, Any]]:
-    """NVML's facts of the GPUs this process's torch uses, in torch's order (matched by PCI bus id, audit item 13):
+    """NVML's facts of the GPUs this process's torch uses, in torch's order (matched by PCI bus id):
     a 1-GPU job on an 8-GPU host has one. Records from before the mapping (no `cuda_index`) list every GPU NVML
     saw. Where NVML does not answer or cannot match them: torch's device names, link unknown."""
     nvml = env.get("nvml") or {}
@@ -165,9 +165,9 @@ def _gpus(env: dict[str, Any]) -> tuple[list[str], int | None]:
 
 def hardware_id(env: dict[str, Any]) -> str:
     """Short filesystem-safe hardware class: 'cpu-scale-<cpu>-<n>c' or '<gpu>x<count>-pcie<gen>-<n>c-<m>g', counting
-    only the GPUs this process uses; a process whose torch cannot use CUDA ran on the CPU and is 'cpu-scale' (audit
-    16). A GPU id names the host's cores and memory (GiB, rounded) too: offload engines are host-bound, so a 16-core
-    128 GiB VM and a 128-core 1 TB node must not share a results folder or a benchmark baseline (gpu-audit-2 F14).
+    only the GPUs this process uses; a process whose torch cannot use CUDA ran on the CPU and is 'cpu-scale'.
+    A GPU id names the host's cores and memory (GiB, rounded) too: offload engines are host-bound, so a 16-core
+    128 GiB VM and a 128-core 1 TB node must not share a results folder or a benchmark baseline.
     cpu-scale ids name the cores already (the device is the host)."""
     names, gen = _gpus(env)
     if not names:

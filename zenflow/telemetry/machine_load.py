@@ -1,4 +1,4 @@
-"""How busy the rest of the machine was while a run timed its steps, from the kernel's counters (issue 24).
+"""How busy the rest of the machine was while a run timed its steps, from the kernel's counters.
 
 The neighbour watch (neighbours.py) matches process names; a job it does not know (a compiler it does not list, a
 test at the lowest priority, another VM on the host) escapes it. This reads what the kernel counts instead:
@@ -69,7 +69,7 @@ def tree_ticks(root: int) -> int:
 def own_root() -> int:
     """The process whose tree is this run: the launcher of a multi-rank run (its ranks are one run), else self."""
     # torchrun says LOCAL_WORLD_SIZE, DeepSpeed's launcher LOCAL_SIZE: without it a DeepSpeed rank counted the other
-    # rank as another process (47% of the machine "elsewhere" in the first 2-rank FSDP2 set, issue 35)
+    # rank as another process (47% of the machine "elsewhere" in the first 2-rank FSDP2 set)
     local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1"
     return os.getppid() if int(local) > 1 else os.getpid()
 

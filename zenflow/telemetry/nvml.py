@@ -5,7 +5,7 @@ a metric or counter field the GPU refuses is marked unsupported with NVML's stri
 NVML's naming (the GPU's end of the link).
 
 Which GPUs: the ones this process's torch can use (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER applied), matched to
-NVML by PCI bus id (NVML numbers GPUs by PCI order and ignores CUDA_VISIBLE_DEVICES; audit item 13). Without CUDA in
+NVML by PCI bus id (NVML numbers GPUs by PCI order and ignores CUDA_VISIBLE_DEVICES). Without CUDA in
 torch the sampler covers every GPU NVML sees and says so (`scope`).
 """
 

@@ -13,7 +13,7 @@ device, named in the record (`protocol.attribution`):
   it, and any later event on that stream maps to the host clock as anchor time + `anchor.elapsed_time(event)`.
   A blocking section entered at host time h_s (event e_s) and left at h_e books max(0, h_e - max(h_s, gpu(e_s)))
   as I/O or stall, the part before as compute. Phase marks are events too, so `forward_backward_ms` is GPU time,
-  not launch time (audit item 3). Nothing in a step synchronizes: a step's events are read at the next
+  not launch time. Nothing in a step synchronizes: a step's events are read at the next
   `start_step`, where `query()` says they completed; only `finish()`, after the last step, may wait.
   A copy the compute stream waits for on the device (`wait_event` on an upload, link.py) takes no host time: the
   link records an event just before and just after the wait (`Observers.device_wait`), and their span is I/O.
@@ -21,7 +21,7 @@ device, named in the record (`protocol.attribution`):
 The protocol follows the engine's device: the run loop calls `use_device(device)` at the top of every step; until a
 CUDA device is named the timeline is host-blocking (never a CUDA call on a CPU run). The clock and its events are
 a small seam (`HostClock`, `EventClock`), so tests check the CUDA arithmetic on the CPU with fake events. On CUDA
-each step also gets the allocator's peak device memory (peaks reset at every step start; audit item 25).
+each step also gets the allocator's peak device memory (peaks reset at every step start).
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ class StepTimeline(Observer):
 
     def on_device_wait(self, what: str, before: Any, after: Any) -> None:
         """The compute stream waited for a copy (CUDA `wait_event`, link.py): the span between the events recorded
-        just before and just after the wait is device-idle time, exposed I/O (gpu-audit-2 F12: it used to be booked
+        just before and just after the wait is device-idle time, exposed I/O (it used to be booked
         as compute). Inside a blocking section the section's own idle time already covers it: not booked twice."""
         entered = time.perf_counter()
         if self._current is not None and not self._finished and self._depth == 0:

@@ -1,4 +1,4 @@
-"""The CUDA-vs-CPU differential (issue 11 item 5): the same seed, model and batches trained with ZenFlowAdamW on the
+"""The CUDA-vs-CPU differential: the same seed, model and batches trained with ZenFlowAdamW on the
 GPU and on the CPU end within a stated tolerance (zenflow/harness/checks/gpu.py: RTOL, ATOL and why). It is the test
 that catches stream races. On a CPU-only machine the comparison itself is proven: two CPU runs are bit-identical,
 and a run that trained on one different batch, or whose weight rows were overwritten once the way a race does it,
@@ -88,7 +88,7 @@ def test_a_run_on_one_different_batch_is_flagged():
 
 
 def test_rows_overwritten_once_like_a_stream_race_are_flagged():
-    """What audit item 1 predicts a race does: ~100 rows of a weight get another weight's values at one step."""
+    """What a cross-stream race in the uploads does: ~100 rows of a weight get another weight's values at one step."""
     block, clipping, _ = d.CASES["ref-offload"]
     ref = d.train_case("cpu", block, clipping, STEPS, WIDTHS)
     model = d.SmallNet(WIDTHS, seed=0)

@@ -1,4 +1,4 @@
-"""The differential check's CPU part (zenflow/harness/checks/differential.py, gpu-audit-2 F10): maxima reported
+"""The differential check's CPU part (zenflow/harness/checks/differential.py): maxima reported
 separately
 for column params, dense params and losses; host updates and moved columns counted per run; the stress case; the
 verdict, which fails on a negative control that passes. The CUDA-vs-CPU comparison itself and its races:

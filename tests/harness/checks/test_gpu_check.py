@@ -1,4 +1,4 @@
-"""`make gpu-check` (issue 11 item 6) and NVML for the run's own GPU (audit item 13), provable without a GPU:
+"""`make gpu-check` and NVML for the run's own GPU, provable without a GPU:
 the smoke of the command, a record that survives a kill after any check, its fail-fast, --checks, the
 rendering of a GPU record (NVML totals marked where a counter could have wrapped), and the mapping of torch's
 visible devices to NVML handles by PCI bus id with a fake pynvml of a 4-GPU host. The checks' own logic:
@@ -65,7 +65,7 @@ def test_smoke_runs_the_cpu_part_and_says_what_it_could_not_check(tmp_path):
     assert {r["engine"]: r["status"] for r in record["engines"]} == {"ref-offload": "ok", "ref-zenflow": "ok"}
     assert all(r["compute_ms"] is not None and r["stall_ms"] is not None for r in record["engines"])
     assert [r["case"] for r in record["differential"]] == [*CASES, "ref-zenflow-stress"]
-    for row in record["differential"]:  # F10: the maxima by kind, and what each device's run did
+    for row in record["differential"]:  # the maxima by kind, and what each device's run did
         assert set(row["by_kind"]) == {"column", "dense", "losses"}
         assert row["host_updates"][0] == row["host_updates"][1] > 0
     if torch.cuda.is_available():
@@ -90,7 +90,7 @@ def test_smoke_runs_the_cpu_part_and_says_what_it_could_not_check(tmp_path):
 @pytest.mark.script
 @pytest.mark.parametrize("k", [1, 2])
 def test_a_kill_after_check_k_leaves_a_record_with_checks_1_to_k(tmp_path, k):
-    """F3: the record and table are written atomically after every check, so SIGKILL (a command's time limit) after
+    """The record and table are written atomically after every check, so SIGKILL (a command's time limit) after
     check k leaves a record that parses and holds checks 1..k, the rest "not run"."""
     proc = _command(tmp_path, "--smoke", env={**os.environ, cli.KILL_AFTER: str(k)})
     assert proc.returncode == -signal.SIGKILL, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -135,7 +135,7 @@ def test_cuda_unusable_only_when_nvml_sees_gpus_and_torch_cannot_use_them():
 
 @pytest.mark.script
 def test_checks_flag_runs_only_the_asked_checks_timed_and_says_the_rest_were_not_asked(tmp_path):
-    """gpu-audit-3 §5.2: gpu_window.py runs checks 1-4 through a real flag (not a SIGKILL after check 4), and the
+    """gpu_window.py runs checks 1-4 through a real flag (not a SIGKILL after check 4), and the
     record says how long each took (budgets are sized from it)."""
     assert cli.parse_args(["--checks", "pcie,environment"]).checks == ["environment", "pcie"]  # record order
     for bad in ("engine", "memory,memory", ""):
@@ -153,7 +153,7 @@ def test_checks_flag_runs_only_the_asked_checks_timed_and_says_the_rest_were_not
 
 
 def test_the_engines_run_without_the_llama_tokenizer_packages(tmp_path, monkeypatch):
-    """gpu-audit-3 B6: without mistral-common (or sentencepiece) the runs train on UTF-8 bytes and say so in their
+    """Without mistral-common (or sentencepiece) the runs train on UTF-8 bytes and say so in their
     record; the engine rows must not all read "not installed"."""
     from zenflow.harness.records import RunRecord
 
@@ -186,7 +186,7 @@ def _window(ours_by_kind: dict[str, int], wrap: bool) -> dict:
 
 def test_a_gpu_record_renders_its_memory_pcie_controls_and_engine_tables_and_figure(tmp_path):
     """The GPU-only sections of the table and figure, drawn from a record shaped as a GPU host writes it; an NVML
-    total whose 32-bit counter could have wrapped between reads is marked (F17)."""
+    total whose 32-bit counter could have wrapped between reads is marked."""
     env = {"hardware_id": "nvidia-h100-80gb-hbm3x1-pcie5", "driver": "555.42.06", "nvml": "available",
            "torch": "2.11.0", "torch_cuda_build": "13.0", "cuda_available": True, "deepspeed": None,
            "gpus": [{"cuda_index": 0, "name": "NVIDIA H100 80GB HBM3", "pcie_gen": 5, "pcie_gen_max": 5,
@@ -252,7 +252,7 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
     assert path.stat().st_mode & 0o777 == 0o644
 
 
-# --- NVML: the run's own GPUs (audit item 13) ---------------------------------------------------------------------
+# --- NVML: the run's own GPUs ------------------------------------------------------------------------------------
 BUS = [pci_bus_id(0, bus, 0) for bus in (0x18, 0x3B, 0x86, 0xAF)]  # NVML indices 0..3, by PCI order
 
 
@@ -309,7 +309,7 @@ def test_snapshot_maps_torch_devices_to_nvml_by_pci_bus_id_and_the_hardware_id_c
     env = {"cpu": {"model": "AMD EPYC 7763", "allowed_cores": 16}, "nvml": snap,
            "torch": {"cuda_available": True, "cuda_devices": ["NVIDIA H100 80GB HBM3"]},
            "memory_total_bytes": 135_148_564_480}  # the committed H100 host: 125.9 GiB
-    # one GPU, its own link (gen 5), and the host it is bound by (F14)
+    # one GPU, its own link (gen 5), and the host it is bound by
     assert environment.hardware_id(env) == "nvidia-h100-80gb-hbm3x1-pcie5-16c-126g"
     bigger = {**env, "cpu": {**env["cpu"], "allowed_cores": 128}, "memory_total_bytes": 2**40}
     assert environment.hardware_id(bigger) == "nvidia-h100-80gb-hbm3x1-pcie5-128c-1024g"

@@ -1,4 +1,4 @@
-"""The memory check's CPU-provable parts (zenflow/harness/checks/memory.py, gpu-audit-2 F8): the bound, the verdict
+"""The memory check's CPU-provable parts (zenflow/harness/checks/memory.py): the bound, the verdict
 on synthetic peaks (pass, over the bound, and a negative control that stays within it), and the two hooks the
 GPU run uses: the slow-copy hook restores the Link, and disabling backpressure really unbounds what overlap mode
 holds (its CPU twin, tests/core/test_overlap_memory.py). The peaks themselves are measured on CUDA only, in

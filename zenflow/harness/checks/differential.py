@@ -1,7 +1,7 @@
 """The `differential` check of `make gpu-check`: the same seed, model and batches trained with ZenFlowAdamW on CUDA
 and on the CPU must agree within a stated tolerance (docs/gpu-check.md). It is the check that catches stream races.
 
-What makes it able to tell the paths apart (gpu-audit-2 F10):
+What makes it able to tell the paths apart:
 - maxima reported separately for column params (the ZenFlow paths: offload, host AdamW, upload, reselection),
   dense params (1-D, updated on the device by the same code in every case) and the losses;
 - per case, the host updates applied and the columns moved at reselections (a path that never ran shows 0);
@@ -202,7 +202,7 @@ def case_row(name: str, devices: tuple[str, str], steps: int, a: Trained, b: Tra
 
 def crashed_row(name: str, devices: tuple[str, str], steps: int, exc: BaseException, **details: Any) -> dict:
     """The row of a case whose run raised: failed, with the exception, so the other cases keep their rows (code
-    that has never run on a GPU must cost one row, not the check: gpu-audit-4 F3)."""
+    that has never run on a GPU must cost one row, not the check)."""
     return {"case": name, "devices": f"{devices[0]} vs {devices[1]}", "steps": steps, "ok": False, "max_abs": None,
             "max_ratio": None, "elements_outside": "raised", "worst": None, "rtol": RTOL, "atol": ATOL,
             "host_updates": [None, None], "columns_moved": [None, None], "raised": f"{type(exc).__name__}: {exc}",
@@ -320,7 +320,7 @@ def run_cases(devices: tuple[str, str], steps: int, cuda: bool) -> tuple[list[di
         try:
             a, b = (train_run(d, block, clipping, steps, w, backlog_cycles=backlog, accumulate_on=accumulate_on)
                     for d in devices)
-        except Exception as exc:  # this case's row only: the others still run (gpu-audit-4 F3)
+        except Exception as exc:  # this case's row only: the others still run
             rows.append(crashed_row(name, devices, steps, exc, **details))
             continue
         rows.append(case_row(name, devices, steps, a, b, **details))

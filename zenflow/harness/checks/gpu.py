@@ -50,7 +50,7 @@ def environment_report(env: dict[str, Any]) -> dict[str, Any]:
 
 
 def cuda_unusable(env: dict[str, Any]) -> str | None:
-    """The message to stop with when NVML sees GPUs but torch cannot use CUDA (audit item 16); None otherwise."""
+    """The message to stop with when NVML sees GPUs but torch cannot use CUDA; None otherwise."""
     nvml, tv = env.get("nvml") or {}, env.get("torch") or {}
     if not (nvml.get("available") and nvml.get("devices")) or tv.get("cuda_available"):
         return None
@@ -68,7 +68,7 @@ def environment_check(report: dict[str, Any], cuda: bool) -> dict[str, Any]:
                                                    f"{report['torch_cuda_build']}): GPU facts and link not read")
     notes = [f"{report['gpus_on_host']} GPUs on the host, this run uses {len(report['gpus'])}"] \
         if report["gpus_on_host"] > len(report["gpus"]) else []
-    notes += [f"NVML cannot match: {e}" for e in report["mapping_errors"]]  # audit item 13: never guessed by index
+    notes += [f"NVML cannot match: {e}" for e in report["mapping_errors"]]  # never guessed by index
     return check("environment", "pass", "; ".join(notes) or None)
 
 

@@ -1,6 +1,6 @@
 """The `memory` check of `make gpu-check`: extra device memory of overlap mode over sync mode, against its bound.
 
-What the allocator sees (gpu-audit-2 F8): a gathered gradient block or a landing buffer is freed by Python as soon
+What the allocator sees: a gathered gradient block or a landing buffer is freed by Python as soon
 as its copy is queued and kept only by `record_stream`. The caching allocator lowers `allocated_bytes` at that free,
 before the copy has run; only `active_bytes` waits for the stream-use events. So the peak is
 `memory_stats()["active_bytes.all.peak"]`, reset after warm-up and the first selection and read over steps between
@@ -119,7 +119,7 @@ def memory_check(cuda: bool, widths: tuple[int, ...] = (4096,) * 5, steps: int =
     except Exception as exc:
         return check("memory", "fail", f"raised {type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
                      **details)
-    try:  # the control's run raising costs the control, not the two peaks (gpu-audit-4 F3)
+    try:  # the control's run raising costs the control, not the two peaks
         unbounded: int | str = window_peak({**MEMORY_CASE, "overlap_step": True}, widths, steps, backpressure=False)
     except Exception as exc:
         unbounded = f"raised {type(exc).__name__}: {exc}"

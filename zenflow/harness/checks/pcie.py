@@ -7,7 +7,7 @@ check first measures the link itself: plain pinned copies of known size, one dir
 per payload byte in each counter (a 2x2 "overhead" matrix). The optimizer's counts, through that matrix, predict
 both NVML counters; the prediction must hold within `TOLERANCE`.
 
-Two windows (gpu-audit-2 F11): ref-offload (every column both ways each step: symmetric) and ref-zenflow (overlap,
+Two windows: ref-offload (every column both ways each step: symmetric) and ref-zenflow (overlap,
 topk 0.1, U 4, one reselection inside the window: partial gathers, boundary uploads, moved master and moments,
 indices; about 4x more down than up). A window is "not checked" when a 32-bit counter could have wrapped unseen
 between two reads (`wrap_ambiguous`); the sampler reads only the counters during the check to keep those gaps short.
@@ -135,14 +135,14 @@ def pcie_check(cuda: bool, widths: tuple[int, ...] = (4096,) * 5, steps: int = 1
     if not cuda:
         return check("pcie", "not checked", "no CUDA: no PCIe link to count",
                      controls=[control("uncounted kind / swapped directions", None, "needs CUDA and NVML")])
-    bus = [(torch_pci_bus_ids() or [None])[torch.cuda.current_device()]]  # the run's own GPU (audit item 13)
+    bus = [(torch_pci_bus_ids() or [None])[torch.cuda.current_device()]]  # the run's own GPU
     specs = {name: make(steps) for name, make in WINDOWS.items()}
     try:
         overhead = link_overhead(bus)
     except NvmlUnavailable as exc:
         return check("pcie", "not checked", str(exc))
     windows = {}
-    for name, spec in specs.items():  # one window that raises costs its own verdict only (gpu-audit-4 F3)
+    for name, spec in specs.items():  # one window that raises costs its own verdict only
         try:
             m = measure_window(spec, bus, widths, steps)
         except NvmlUnavailable as exc:

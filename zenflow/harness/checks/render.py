@@ -119,7 +119,7 @@ def pcie_section(record: dict[str, Any]) -> list[str]:
 
 
 def pcie_table(p: dict[str, Any]) -> list[str]:
-    """Per window and direction; an NVML total a 32-bit counter could have wrapped under is marked (F17)."""
+    """Per window and direction; an NVML total a 32-bit counter could have wrapped under is marked."""
     windows = p.get("windows") or {"ref-offload": p}  # before gpu-check/2: one ref-offload window, at the top
     rows, wrapped = [], []
     for name, w in windows.items():
