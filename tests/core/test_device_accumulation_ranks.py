@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from helpers import train_on_global_batches
+from launch import Shared
 
 import zenflow.device_accumulation as accumulation_module
 from zenflow import ZenFlowAdamW
@@ -51,23 +52,19 @@ def one_process(config: dict, steps: int = 12) -> dict:
 
 @pytest.fixture(scope="module")
 def launched(torchrun, tmp_path_factory):
-    """`launched(name, accumulate_on)`: the folder of DP_CONFIGS[name]'s two-rank run, launched once for every test
+    """`launched((name, accumulate_on))`: the folder of DP_CONFIGS[name]'s two-rank run, launched once for every test
     that reads it."""
-    runs: dict[tuple[str, str], Path] = {}
+    def launch(key: tuple[str, str], out: Path) -> None:
+        name, accumulate_on = key
+        torchrun(dp_rank.__file__, {**DP_CONFIGS[name], "accumulate_on": accumulate_on}, out)
 
-    def folder(name: str, accumulate_on: str) -> Path:
-        if (name, accumulate_on) not in runs:
-            runs[name, accumulate_on] = tmp_path_factory.mktemp(f"{name}-{accumulate_on}")
-            torchrun(dp_rank.__file__, {**DP_CONFIGS[name], "accumulate_on": accumulate_on}, runs[name, accumulate_on])
-        return runs[name, accumulate_on]
-
-    return folder
+    return Shared(launch, tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", list(DP_CONFIGS))
 def test_two_ranks_of_device_accumulation_equal_two_ranks_of_host_accumulation(name, launched):
     config = DP_CONFIGS[name]
-    host_run, device_run = launched(name, "host"), launched(name, "device")
+    host_run, device_run = launched((name, "host")), launched((name, "device"))
     host, device = rank_files(host_run), rank_files(device_run)
     assert same(device[0], device[1])  # the ranks agree
     assert same(device[0], host[0])  # exact: each rank sums its block in the same order on either side
@@ -98,7 +95,7 @@ def test_per_rank_checkpoints_inside_an_interval_resume_bit_exactly_and_need_the
 def test_negative_control_one_ranks_perturbed_sums_change_both_ranks_parameters(tmp_path, torchrun, launched):
     config = {**DP_CONFIGS["sync-reselect-clip"], "accumulate_on": "device"}
     torchrun(__file__, config, tmp_path / "perturbed")  # perturbing_rank: rank 1's sums off by 1e-3 at each ship
-    perturbed, device = rank_files(tmp_path / "perturbed"), rank_files(launched("sync-reselect-clip", "device"))
+    perturbed, device = rank_files(tmp_path / "perturbed"), rank_files(launched(("sync-reselect-clip", "device")))
     assert same(perturbed[0], perturbed[1])  # rank 1's columns reach rank 0 at each boundary
     assert not same(perturbed[0], device[0])
 

@@ -20,7 +20,7 @@ import dp_rank
 import pytest
 import torch
 from helpers import train_on_global_batches
-from launch import child_env
+from launch import Shared, child_env
 
 from zenflow import ZenFlowAdamW
 from zenflow.checkpoint import consolidate, shard
@@ -46,15 +46,7 @@ def two_ranks(torchrun):
 @pytest.fixture(scope="module")
 def launched(two_ranks, tmp_path_factory):
     """`launched(name)`: the folder of CONFIGS[name]'s two-rank run, launched once for every test that reads it."""
-    runs: dict[str, Path] = {}
-
-    def folder(name: str) -> Path:
-        if name not in runs:
-            runs[name] = tmp_path_factory.mktemp(name)
-            two_ranks(CONFIGS[name], runs[name])
-        return runs[name]
-
-    return folder
+    return Shared(lambda name, out: two_ranks(CONFIGS[name], out), tmp_path_factory)
 
 
 def ranks(out: Path, what: str = "params") -> list[dict]:

@@ -9,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SUPPORT = Path(__file__).resolve().parent
@@ -31,3 +33,18 @@ def torchrun(script: str | Path, config: dict, out: Path, *extra: str, world: in
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+class Shared:
+    """Runs launched once for a module and read by several of its tests: `shared(key)` is the folder of key's run,
+    launching it (`launch(key, folder)`) the first time it is asked for."""
+
+    def __init__(self, launch: Callable[[Hashable, Path], object], tmp: Any) -> None:
+        self.launch, self.tmp, self.folders = launch, tmp, {}
+
+    def __call__(self, key: Hashable) -> Path:
+        if key not in self.folders:
+            folder = self.tmp.mktemp("-".join(map(str, key)) if isinstance(key, tuple) else str(key))
+            self.launch(key, folder)
+            self.folders[key] = folder
+        return self.folders[key]
