@@ -62,7 +62,7 @@ def test_make_with_an_empty_venv_uses_the_interpreter_at_hand_and_no_pip():
 @pytest.mark.script
 def test_the_import_check_runs_without_torch_and_names_what_is_missing():
     # A bare interpreter (no site-packages of ours): it must still start and say what is missing, not crash.
-    result = subprocess.run([sys.executable, "-S", str(ROOT / "zenflow" / "harness" / "checks" / "preflight.py")],
+    result = subprocess.run([sys.executable, "-S", str(ROOT / "zenflow" / "harness" / "preflight.py")],
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
     assert result.returncode == 1
     assert "REQUIRED: torch missing" in result.stderr
