@@ -40,6 +40,13 @@ def candidates(g: torch.Tensor, cols: torch.Tensor, label: str) -> dict[str, Cal
         for b in range(out // rows):
             torch.index_select(blocks[b], 0, flat, out=dst_blocks[b])
 
+    def assign(full: torch.Tensor, index: torch.Tensor, block: torch.Tensor) -> None:
+        full[:, index] = block
+
+    # inductor's C++ loops: one row at a time, so the gather's reads stay inside a row (compiled at the warm-up call)
+    compiled_gather = torch.compile(lambda full, index: full[:, index], dynamic=False)
+    compiled_scatter = torch.compile(assign, dynamic=False)
+
     return {
         f"gather {label}: index_select dim 1 (CUDA's)": lambda: torch.index_select(g, 1, cols, out=dst),
         f"gather {label}: index_select dim 1, fp32 data": lambda: torch.index_select(g32, 1, cols, out=dst32),
@@ -48,7 +55,9 @@ def candidates(g: torch.Tensor, cols: torch.Tensor, label: str) -> dict[str, Cal
         f"gather {label}: masked_select": lambda: torch.masked_select(g, mask.expand(out, width)),
         f"gather {label}: 1-D index_select per {rows} rows": per_row_blocks,
         f"gather {label}: transpose through copy_": lambda: transposed.copy_(g.t()),
+        f"gather {label}: torch.compile of g[:, cols]": lambda: compiled_gather(g, cols),
         f"scatter {label}: index_copy_ dim 1 (the optimizer's)": lambda: back.index_copy_(1, cols, dst),
+        f"scatter {label}: torch.compile of g[:, cols] = block": lambda: compiled_scatter(back, cols, dst),
         f"scatter {label}: masked_scatter_": lambda: back.masked_scatter_(mask.expand(out, width), dst),
     }
 
