@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 endif
 
-# Everything (what CI runs; ~40 min on 2 cores), printing the slowest tests. tests/README.md: the tiers.
+# Everything (what CI runs; 40-50 min on 2 cores), printing the slowest tests. tests/README.md: the tiers.
 test: install
 	$(PY) -m ruff check zenflow tests bench reproduce examples
 	$(PY) -m pytest tests -q
