@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+pytest_plugins = ["pytester"]  # tests/project/test_spawn_guard.py runs a suite through this conftest
 SUPPORT = os.path.join(os.path.dirname(__file__), "support")
 sys.path.insert(0, SUPPORT)
 
@@ -99,7 +100,6 @@ def torchrun():
 from spawn_guard import SpawnGuard  # noqa: E402
 
 _guard = SpawnGuard()
-pytest_plugins = ["pytester"]  # tests/project/test_spawn_guard.py runs a suite through this conftest
 
 
 @pytest.fixture
