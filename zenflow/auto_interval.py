@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from zenflow.layout import take_columns
 from zenflow.link import Link
 from zenflow.selection import as_columns
 from zenflow.state import offloads
@@ -109,7 +110,7 @@ def selected_mass(params: list[torch.Tensor], state: dict, link: Link, clip: tor
         if st.sel.numel():
             report.keys.append(key)
             report.positions.append(position)
-            selected = as_columns(p.grad).index_select(1, st.sel)
+            selected = take_columns(as_columns(p.grad), st.sel)
             masses.append(rms(selected))
             report.selected_numels.append(selected.numel())
         position += 1

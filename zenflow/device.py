@@ -9,7 +9,7 @@ import torch
 from zenflow.adam import AdamWHyper, adamw_
 from zenflow.distributed import Ranks
 from zenflow.host import GradCopy
-from zenflow.layout import take_columns
+from zenflow.layout import put_columns, take_columns
 from zenflow.link import Link
 from zenflow.selection import as_columns
 from zenflow.state import ColumnState, offloads
@@ -49,7 +49,7 @@ def device_update_(param_groups: list[dict], state: dict, clip: torch.Tensor | N
         adamw_(masters, grads, exp_avgs, exp_avg_sqs, steps, AdamWHyper.of(group))
         for p, st in writebacks:
             if isinstance(st, ColumnState):
-                as_columns(p).index_copy_(1, st.sel, st.d_master.to(p.dtype))
+                put_columns(as_columns(p), st.sel, st.d_master.to(p.dtype))
             else:
                 p.copy_(st.master)
 
@@ -100,5 +100,5 @@ def upload_(params: list[torch.Tensor], state: dict, link: Link, ranks: Ranks) -
     ranks.share_blocks_([w for w, _ in shared])
     for weight, st in shared:  # every rank: another rank's block may have brought shadows this one has none of
         if st.host.whole_rows and st.sel.numel():
-            weight.index_copy_(1, st.sel, st.d_master.to(weight.dtype))  # the device's own values, exactly
+            put_columns(weight, st.sel, st.d_master.to(weight.dtype))  # the device's own values, exactly
     return events

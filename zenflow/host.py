@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zenflow.adam import AdamWHyper, adamw_
-from zenflow.layout import offloaded_positions
+from zenflow.layout import offloaded_positions, take_columns
 from zenflow.link import Link, aligned
 
 
@@ -73,7 +73,7 @@ class HostColumns:
         """`t` ([out, n_host]) without the shadow columns: itself when there are none."""
         if self.shadow.numel() == 0:
             return t
-        return t.index_select(1, offloaded_positions(self.n_host, self.shadow).to(t.device))
+        return take_columns(t, offloaded_positions(self.n_host, self.shadow).to(t.device))
 
     @property
     def built(self) -> bool:

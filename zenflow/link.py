@@ -15,7 +15,7 @@ import weakref
 import torch
 
 from zenflow.hooks import Observers
-from zenflow.layout import span, take_columns
+from zenflow.layout import put_columns, take_columns
 
 ALIGN = 64  # bytes: every staging view starts on a cache line (vector loads of the host kernels, copy bursts)
 
@@ -128,13 +128,10 @@ class Link:
         every_column = columns.numel() == dst.shape[1]  # columns are ascending and complete: identity
         if not self.cuda:
             with self.observers.blocking("copy_h2d"):
-                run = None if every_column else span(columns)  # whole rows of a rank's block: a slice copy
                 if every_column:
                     dst.copy_(src)
-                elif run is not None:
-                    dst[:, run].copy_(src)
                 else:
-                    dst.index_copy_(1, columns, src)
+                    put_columns(dst, columns, src)
             return None
         if every_column and dst.is_contiguous():
             return self._copy_after_compute(src, dst)  # straight into the weight, no landing buffer

@@ -15,7 +15,7 @@ import torch
 
 from zenflow.config import ConfigError
 from zenflow.host import host_bytes
-from zenflow.layout import host_columns, offloaded_positions, shadow_positions, span, take_columns
+from zenflow.layout import host_columns, offloaded_positions, put_columns, shadow_positions, span, take_columns
 from zenflow.optimizer import ZenFlowAdamW
 from zenflow.state import ColumnState
 
@@ -170,3 +170,33 @@ def test_column_helpers_move_exactly_what_index_select_moves() -> None:
     assert torch.equal(host_columns(block, selected, rows=True), block)
     assert shadow_positions(block, selected).tolist() == [1, 4]  # columns 9 and 12 of this block
     assert offloaded_positions(8, torch.tensor([1, 4])).tolist() == [0, 2, 3, 5, 6, 7]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits: NaN payloads and -0.0 compare as what they are."""
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_take_and_put_columns_move_every_bit_as_index_select_and_index_copy(dtype: torch.dtype) -> None:
+    """The CPU moves 16-bit floats as int16 and scatters with `scatter_`: the bits must be exactly those of the
+    plain kernels, NaN payloads, infinities and -0.0 included, for scattered columns, one run, none, and no rows."""
+    gen = torch.Generator().manual_seed(4)
+    t = torch.randn(9, 64, generator=gen).to(dtype)
+    t[0, :4] = torch.tensor([float("nan"), float("-inf"), -0.0, float("inf")], dtype=dtype)
+    src = torch.randn(9, 64, generator=gen).to(dtype)
+    src[1, :3] = torch.tensor([float("nan"), -0.0, float("-inf")], dtype=dtype)
+    for columns in (torch.tensor([0, 1, 2, 5, 17, 40, 63]), torch.arange(20, 31), torch.empty(0, dtype=torch.long)):
+        k = columns.numel()
+        assert torch.equal(_bits(take_columns(t, columns)), _bits(t.index_select(1, columns)))
+        out = torch.empty(k, 9, dtype=dtype).t()  # a strided destination
+        assert take_columns(t, columns, out=out) is out
+        assert torch.equal(_bits(out), _bits(t.index_select(1, columns)))
+        block = src[:, :k]  # a strided source
+        want = t.clone().index_copy_(1, columns, block)
+        got = t.clone()
+        assert put_columns(got, columns, block) is got
+        assert torch.equal(_bits(got), _bits(want))
+    no_rows = torch.empty(0, 64, dtype=dtype)
+    assert take_columns(no_rows, torch.tensor([3, 7])).shape == (0, 2)
+    assert put_columns(no_rows, torch.tensor([3, 7]), torch.empty(0, 2, dtype=dtype)).shape == (0, 64)
