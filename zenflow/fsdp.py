@@ -32,7 +32,7 @@ import torch
 from zenflow.config import ConfigError
 from zenflow.distributed import Collectives, Ranks, SingleProcess, data_parallel
 from zenflow.hooks import Observers
-from zenflow.selection import column_scores
+from zenflow.selection import column_sums
 from zenflow.state import StepView
 
 
@@ -154,11 +154,7 @@ class Sharded(Collectives):
     def column_scores(self, grad: torch.Tensor, norm: str) -> torch.Tensor:
         """Every column's norm over all ranks' rows, the same on every rank: partial sums (of squares for L2, of
         magnitudes for L1) over this rank's rows, one all-reduce of one fp32 number per column."""
-        if norm == "l2":
-            partial = grad.float().square().sum(dim=0)  # fp32, as column_scores; a rank without rows: zeros
-        else:
-            partial = column_scores(grad, norm)  # L1 is a sum already (and an unknown norm is refused there)
-        partial = partial.to(self.device)
+        partial = column_sums(grad, norm).to(self.device)  # a rank without rows: zeros
         self.sum_(partial, "column_norms")
         scores = partial.sqrt() if norm == "l2" else partial
         return scores.to(grad.device)

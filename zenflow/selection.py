@@ -16,14 +16,36 @@ def num_selected(in_features: int, topk_ratio: float) -> int:
     return min(in_features, max(0, math.ceil(topk_ratio * in_features - 1e-9)))
 
 
+NORMS = ("l2", "l1")
+BLOCK_ROWS = 64  # rows a CPU block converts at once: its fp32 copy (1 MiB at in = 4096) stays in the L2 cache
+
+
+def column_sums(grad: torch.Tensor, norm: str = "l2") -> torch.Tensor:
+    """Per column of `grad` ([out, in]), in fp32: the sum of squares over the rows (L2) or of magnitudes (L1).
+
+    On the CPU a block of rows at a time: converting the whole gradient to fp32 first writes and reads again twice
+    its bytes through memory, and `vector_norm` along dim 0 runs ~20x slower than this there (docs/benchmarks.md,
+    "Bound ratios"). The sums are fp32 either way (bf16 sums would reorder near-ties); only their order differs."""
+    if norm not in NORMS:
+        raise ValueError(f"column_norm = {norm!r} is not allowed: expected 'l2' or 'l1'")
+    if grad.device.type != "cpu":
+        g = grad.float()
+        return g.square().sum(dim=0) if norm == "l2" else g.abs().sum(dim=0)
+    rows, width = grad.shape
+    sums = torch.zeros(width, dtype=torch.float32)
+    buffer = torch.empty(min(rows, BLOCK_ROWS), width, dtype=torch.float32)
+    for start in range(0, rows, BLOCK_ROWS):
+        block = buffer[: min(BLOCK_ROWS, rows - start)].copy_(grad[start:start + BLOCK_ROWS])
+        sums += (block.square_() if norm == "l2" else block.abs_()).sum(dim=0)
+    return sums
+
+
 def column_scores(grad: torch.Tensor, norm: str = "l2") -> torch.Tensor:
-    """Norm of every gradient column, in fp32 (bf16 sums would reorder near-ties)."""
-    grad = grad.float()
-    if norm == "l2":
-        return torch.linalg.vector_norm(grad, ord=2, dim=0)
-    if norm == "l1":
-        return grad.abs().sum(dim=0)
-    raise ValueError(f"column_norm = {norm!r} is not allowed: expected 'l2' or 'l1'")
+    """Norm of every gradient column of `grad` ([out, in]), in fp32."""
+    if grad.device.type != "cpu" and norm == "l2":
+        return torch.linalg.vector_norm(grad.float(), ord=2, dim=0)  # one kernel on CUDA
+    sums = column_sums(grad, norm)
+    return sums.sqrt_() if norm == "l2" else sums
 
 
 def select_columns(grad: torch.Tensor, k: int, norm: str = "l2", scores: torch.Tensor | None = None) -> torch.Tensor:

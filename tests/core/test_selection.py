@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import Interleaved, grad_stream, set_grads
 
-from zenflow.selection import complement, num_selected, select_columns
+from zenflow.selection import BLOCK_ROWS, column_scores, column_sums, complement, num_selected, select_columns
 
 
 def brute_force_topk(grad: torch.Tensor, k: int, norm: str) -> list[int]:
@@ -38,6 +38,25 @@ def test_selection_is_per_parameter_topk_with_1d_params_before_each_weight(zenfl
         assert opt.state[p].sel.tolist() == brute_force_topk(g, k, norm)
         assert sorted(opt.state[p].host.offloaded_cols.tolist()) == sorted(
             set(range(width)) - set(brute_force_topk(g, k, norm)))
+
+
+@pytest.mark.parametrize("norm", ["l2", "l1"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_blocked_column_scores_are_the_fp32_norms_over_every_row(norm, dtype):
+    """The CPU sums a block of rows at a time: over several blocks and a ragged last one, every column's score is
+    its norm to fp32 rounding (a float64 reference), and the top-k it picks is the brute force's."""
+    rows = 3 * BLOCK_ROWS + 5
+    gen = torch.Generator().manual_seed(5)
+    scale = torch.linspace(0.5, 2.0, 48)[torch.randperm(48, generator=gen)]  # well-separated column norms
+    g = (torch.randn(rows, 48, generator=gen) * scale).to(dtype)
+    exact = g.double().square().sum(0).sqrt() if norm == "l2" else g.double().abs().sum(0)
+    scores = column_scores(g, norm)
+    assert scores.dtype == torch.float32
+    torch.testing.assert_close(scores.double(), exact, rtol=2e-6, atol=0)  # fp32 sums of 197 terms: ~1e-7 each
+    assert select_columns(g, 9, norm).tolist() == brute_force_topk(g, 9, norm)
+    assert torch.equal(column_sums(torch.empty(0, 7), norm), torch.zeros(7))  # an FSDP2 rank without rows
+    with pytest.raises(ValueError, match=r"column_norm = 'linf' is not allowed: expected 'l2' or 'l1'"):
+        column_sums(g, "linf")
 
 
 def test_k_is_ceil_of_ratio_times_width():
