@@ -28,8 +28,11 @@ class AdamWHyper:
 
 
 def adamw_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-           exp_avg_sqs: list[torch.Tensor], steps: list[int], hp: AdamWHyper) -> None:
-    """One AdamW update, in place, where `steps[i]` is the count *after* this update (>= 1)."""
+           exp_avg_sqs: list[torch.Tensor], steps: list[int], hp: AdamWHyper, divisor: int = 1) -> None:
+    """One AdamW update, in place, where `steps[i]` is the count *after* this update (>= 1), with the gradients
+    `grads[i] / divisor` (a mean of `divisor` accumulated steps). The fused kernel divides as it reads (its
+    `grad_scale`), the same IEEE division as a `div_` before it and written back to `grads` the same way, so the
+    result is bit-identical and the gradients are read from memory once instead of three times."""
     if not params:
         return
     # The functional API increments the step tensors itself, so hand it the count before this update. torch.full
@@ -38,7 +41,11 @@ def adamw_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list
     step_tensors = [torch.full((), float(s - 1), dtype=torch.float32, device=p.device) for s, p in zip(steps, params)]
     _functional_adamw(params, grads, exp_avgs, exp_avg_sqs, [], step_tensors, fused=True, amsgrad=False,
                       beta1=hp.beta1, beta2=hp.beta2, lr=hp.lr, weight_decay=hp.weight_decay, eps=hp.eps,
-                      maximize=False)
+                      maximize=False, grad_scale=_divisor(divisor, params[0].device))
+
+
+def _divisor(divisor: int, device: torch.device) -> torch.Tensor | None:
+    return None if divisor == 1 else torch.full((), float(divisor), dtype=torch.float32, device=device)
 
 
 def rebase_moment_(moment: torch.Tensor, beta: float, from_step: int, to_step: int) -> None:

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from zenflow.hooks import NET, Observers
+from zenflow.layout import put_columns, take_columns
 from zenflow.selection import as_columns, column_scores
 from zenflow.state import ColumnState, StepView
 
@@ -115,7 +116,7 @@ class SingleProcess:
 
     def columns_from_owners(self, source: torch.Tensor, cols: torch.Tensor, width: int,
                             position: torch.Tensor) -> torch.Tensor:
-        return source.index_select(1, position[cols])
+        return take_columns(source, position[cols])
 
     def whole_rms(self, numels: list[int], rms: list[float]) -> list[float]:
         return rms
@@ -325,7 +326,7 @@ def _shape(t: torch.Tensor, cols: slice | torch.Tensor | None) -> tuple[int, ...
 def _piece(t: torch.Tensor, cols: slice | torch.Tensor | None) -> torch.Tensor:
     if cols is None:
         return t
-    return t[:, cols] if isinstance(cols, slice) else t.index_select(1, cols)
+    return t[:, cols] if isinstance(cols, slice) else take_columns(t, cols)
 
 
 def _flatten(bucket: list) -> torch.Tensor:
@@ -339,7 +340,7 @@ def _unflatten_into(flat: torch.Tensor, bucket: list) -> None:
         shape = _shape(t, cols)
         piece = flat[offset:offset + math.prod(shape)].view(shape)
         if isinstance(cols, torch.Tensor):
-            t.index_copy_(1, cols, piece)
+            put_columns(t, cols, piece)
         else:
             _piece(t, cols).copy_(piece)
         offset += piece.numel()

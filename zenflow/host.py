@@ -290,12 +290,12 @@ def host_adamw_(groups: list[tuple[list[HostColumns], AdamWHyper]], slot: int) -
     """
     for parts, hp in groups:
         parts = [p for p in parts if p.counts[slot] > 0]  # a rank's empty block still counts the update
-        grads = [p.accumulators[slot] if p.counts[slot] == 1 else p.accumulators[slot].div_(p.counts[slot])
-                 for p in parts]
         for p in parts:
             p.step += 1
-        adamw_([p.master for p in parts], grads, [p.exp_avg for p in parts], [p.exp_avg_sq for p in parts],
-               [p.step for p in parts], hp)
+        for count in sorted({p.counts[slot] for p in parts}):  # the mean's divisor: one kernel call per count
+            same = [p for p in parts if p.counts[slot] == count]
+            adamw_([p.master for p in same], [p.accumulators[slot] for p in same], [p.exp_avg for p in same],
+                   [p.exp_avg_sq for p in same], [p.step for p in same], hp, divisor=count)
         for p in parts:
             p.param_staging.copy_(p.master)  # fp32 -> model dtype, ready to upload
             p.counts[slot] = 0  # the next accumulation overwrites the buffer

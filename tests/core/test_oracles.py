@@ -49,13 +49,13 @@ def test_topk_zero_interval_one_sync_is_zero_offload_is_adamw(zenflow_opt, feed,
     assert_same(ref, ours)
 
 
-def interval_reference(model: torch.nn.Module, grads, interval: int) -> list[list[torch.Tensor]]:
+def interval_reference(model: torch.nn.Module, grads, interval: int, eps: float = 1e-8) -> list[list[torch.Tensor]]:
     """AdamW every `interval` steps on the mean gradient for weights; every step for biases and norms.
     Returns the parameters after each boundary."""
     columns = [p for p in model.parameters() if p.dim() >= 2]
     dense = [p for p in model.parameters() if p.dim() < 2]
-    col_opt = torch.optim.AdamW(columns, lr=LR, weight_decay=WD, fused=True)
-    dense_opt = torch.optim.AdamW(dense, lr=LR, weight_decay=WD, fused=True)
+    col_opt = torch.optim.AdamW(columns, lr=LR, weight_decay=WD, eps=eps, fused=True)
+    dense_opt = torch.optim.AdamW(dense, lr=LR, weight_decay=WD, eps=eps, fused=True)
     sums = [torch.zeros_like(p) for p in columns]
     after_boundary = []
     for t, g in enumerate(grads):
@@ -81,6 +81,20 @@ def test_topk_zero_sync_is_adamw_every_interval_on_mean_gradient(zenflow_opt, fe
     opt = zenflow_opt(ours, topk_ratio=0.0, update_interval=interval)
     feed(ours, opt, grads)
     interval_reference(ref, grads, interval)
+    assert_same(ref, ours)
+
+
+@pytest.mark.parametrize("interval", [2, 3, 4])
+def test_the_interval_mean_divides_the_sum_by_the_count(zenflow_opt, feed, interval):
+    """AdamW is blind to a constant scale of its gradients (m / sqrt(v)), so the oracle above cannot see a wrong
+    divisor of the interval's mean (the fused kernel divides as it reads). With eps near the gradients' size the
+    update depends on their scale, and only the true mean matches."""
+    model = Interleaved([7, 5, 9], seed=interval)
+    ours, ref = clone_model(model), clone_model(model)
+    grads = grad_stream(model, 3 * interval, seed=interval)
+    opt = zenflow_opt(ours, topk_ratio=0.0, update_interval=interval, eps=0.5)
+    feed(ours, opt, grads)
+    interval_reference(ref, grads, interval, eps=0.5)
     assert_same(ref, ours)
 
 

@@ -9,8 +9,7 @@ Each part runs the optimizer's own kernel on buffers of one column param's host 
 | accumulate_first | the first gradient of an interval: acc = clip · staging (upcast, scaled in fp32) | 6 |
 | accumulate_unclipped | the same with no clipping, or a coefficient of 1 (the norm within its bound) | 10 |
 | accumulate_beside_python | accumulate_unclipped while the training thread runs Python on its cores (the GIL) | 10 |
-| mean | `acc /= count` before the update (host_adamw_) | 8 |
-| adamw | `adam.adamw_`: torch's fused AdamW; fp32 master, m, v read + written, fp32 gradient read | 28 |
+| adamw | `adam.adamw_`: fused AdamW on the mean (divided as read); fp32 master, m, v read + written, grad read | 28 |
 | cast_upload | `param_staging.copy_(master)`: fp32 -> bf16 into the upload buffer | 6 |
 
 The bound is STREAM's triad (`a = b + s·c`, 12 bytes counted per fp32 element) over buffers larger than the
@@ -52,7 +51,7 @@ from zenflow.worker import reserved_cores
 
 SCHEMA = "host-bandwidth/1"
 PART_BYTES = {"accumulate": 10, "accumulate_first": 6, "accumulate_unclipped": 10, "accumulate_beside_python": 10,
-              "mean": 8, "adamw": 28, "cast_upload": 6}
+              "adamw": 28, "cast_upload": 6}
 STREAM_BYTES = {"copy": 8, "triad": 12, "inplace_add": 12}
 BOUND_NUMEL = 64 * 2**20  # fp32 elements per stream buffer: 256 MB
 GOAL = 0.8  # accumulate and AdamW at >= 0.8 of the bound
@@ -137,13 +136,13 @@ def part_kernels(numel: int) -> dict[str, Callable[[], object]]:
 
     def adamw() -> None:
         step[0] += 1
-        adamw_([master], [acc], [exp_avg], [exp_avg_sq], [step[0]], HYPER)
+        adamw_([master], [acc], [exp_avg], [exp_avg_sq], [step[0]], HYPER, divisor=4)  # a 4-step interval's mean
 
     unclipped = partial(accumulate_into_, acc, staging, None, first=False)
     return {"accumulate": partial(accumulate_into_, acc, staging, clip, first=False),
             "accumulate_first": partial(accumulate_into_, acc, staging, clip, first=True),
             "accumulate_unclipped": unclipped, "accumulate_beside_python": unclipped,
-            "mean": partial(acc.div_, 1.0000001), "adamw": adamw, "cast_upload": partial(upload.copy_, master)}
+            "adamw": adamw, "cast_upload": partial(upload.copy_, master)}
 
 
 def part_rates(numel: int, steps: int = 7, compute_cores: list[int] | None = None) -> dict[str, float]:
