@@ -20,6 +20,7 @@ import torch
 from tabulate import tabulate
 
 from zenflow.harness.atomic import write_text_atomic
+from zenflow.layout import as_bits
 
 
 def candidates(g: torch.Tensor, cols: torch.Tensor, label: str) -> dict[str, Callable[[], object]]:
@@ -50,16 +51,39 @@ def candidates(g: torch.Tensor, cols: torch.Tensor, label: str) -> dict[str, Cal
     return {
         f"gather {label}: index_select dim 1 (CUDA's)": lambda: torch.index_select(g, 1, cols, out=dst),
         f"gather {label}: index_select dim 1, fp32 data": lambda: torch.index_select(g32, 1, cols, out=dst32),
-        f"gather {label}: torch.gather, expanded index (the CPU's)":
-            lambda: torch.gather(g, 1, cols.expand(out, n), out=dst),
+        f"gather {label}: torch.gather, expanded index": lambda: torch.gather(g, 1, cols.expand(out, n), out=dst),
+        f"gather {label}: torch.gather on the int16 bits (the CPU's)":
+            lambda: torch.gather(as_bits(g), 1, cols.expand(out, n), out=as_bits(dst)),
         f"gather {label}: masked_select": lambda: torch.masked_select(g, mask.expand(out, width)),
         f"gather {label}: 1-D index_select per {rows} rows": per_row_blocks,
         f"gather {label}: transpose through copy_": lambda: transposed.copy_(g.t()),
         f"gather {label}: torch.compile of g[:, cols]": lambda: compiled_gather(g, cols),
-        f"scatter {label}: index_copy_ dim 1 (the optimizer's)": lambda: back.index_copy_(1, cols, dst),
+        f"scatter {label}: index_copy_ dim 1 (CUDA's)": lambda: back.index_copy_(1, cols, dst),
+        f"scatter {label}: scatter_, expanded index": lambda: back.scatter_(1, cols.expand(out, n), dst),
+        f"scatter {label}: scatter_ on the int16 bits (the CPU's)":
+            lambda: as_bits(back).scatter_(1, cols.expand(out, n), as_bits(dst)),
         f"scatter {label}: torch.compile of g[:, cols] = block": lambda: compiled_scatter(back, cols, dst),
         f"scatter {label}: masked_scatter_": lambda: back.masked_scatter_(mask.expand(out, width), dst),
     }
+
+
+def layout_rows(g: torch.Tensor, repeats: int) -> list[list[str]]:
+    """The device layout that would make every column move a row copy: a column-major weight. `F.linear` forward
+    and backward (a micro-batch of 8 tokens, the weight's gradient only) with the model's row-major weight and with
+    the same weight column-major, interleaved."""
+    x = torch.randn(8, g.shape[1], generator=torch.Generator().manual_seed(1)).to(g.dtype)
+
+    def forward_backward(weight: torch.nn.Parameter) -> Callable[[], object]:
+        def run() -> None:
+            weight.grad = None
+            torch.nn.functional.linear(x, weight).float().sum().backward()
+        return run
+
+    row_major = torch.nn.Parameter(g.clone())
+    column_major = torch.nn.Parameter(g.t().contiguous().t())
+    column, row = measure(forward_backward(column_major), forward_backward(row_major), repeats)
+    return [["F.linear forward + backward, column-major weight", f"{column * 1e3:.2f}", f"{row * 1e3:.2f}",
+             f"{column / row:.1f}"]]
 
 
 def measure(fn: Callable[[], object], reference: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -96,12 +120,15 @@ def main(argv: list[str] | None = None) -> int:
             src, dst = torch.ones(moved, dtype=torch.uint8), torch.empty(moved, dtype=torch.uint8)
             seconds, ref = measure(fn, lambda s=src, d=dst: d.copy_(s), args.repeats)
             rows.append([name, f"{seconds * 1e3:.2f}", f"{ref * 1e3:.2f}", f"{seconds / ref:.1f}"])
+    layout = layout_rows(g, max(3, args.repeats // 3))
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").exists() else "unknown CPU"
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = (f"Column kernels on {cpu}, one thread, [{out}, {width}] bf16, {day}, torch {torch.__version__}; "
             f"`bench/column_kernels.py --shape {out} {width} --repeats {args.repeats}` made this table.\n\n"
             + tabulate(rows, headers=["kernel", "median ms", "copy of its bytes ms", "× the copy"],
+                       tablefmt="github", disable_numparse=True) + "\n\n"
+            + tabulate(layout, headers=["device layout", "median ms", "row-major (the model's) ms", "× row-major"],
                        tablefmt="github", disable_numparse=True) + "\n")
     print(text, end="")
     if args.out is not None:

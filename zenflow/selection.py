@@ -23,21 +23,27 @@ BLOCK_ROWS = 64  # rows a CPU block converts at once: its fp32 copy (1 MiB at in
 def column_sums(grad: torch.Tensor, norm: str = "l2") -> torch.Tensor:
     """Per column of `grad` ([out, in]), in fp32: the sum of squares over the rows (L2) or of magnitudes (L1).
 
-    On the CPU a block of rows at a time: converting the whole gradient to fp32 first writes and reads again twice
-    its bytes through memory, and `vector_norm` along dim 0 runs ~20x slower than this there (docs/benchmarks.md,
-    "Bound ratios"). The sums are fp32 either way (bf16 sums would reorder near-ties); only their order differs."""
+    On the CPU a block of rows at a time, added element by element into a block of partial sums (contiguous,
+    vectorised), which are summed over their rows once at the end: converting the whole gradient to fp32 first
+    writes and reads again twice its bytes through memory, and `vector_norm` along dim 0 runs ~20x slower than
+    this there (docs/benchmarks.md, "Bound ratios"). The sums are fp32 either way (bf16 sums would reorder
+    near-ties); only their order differs."""
     if norm not in NORMS:
         raise ValueError(f"column_norm = {norm!r} is not allowed: expected 'l2' or 'l1'")
     if grad.device.type != "cpu":
         g = grad.float()
         return g.square().sum(dim=0) if norm == "l2" else g.abs().sum(dim=0)
     rows, width = grad.shape
-    sums = torch.zeros(width, dtype=torch.float32)
-    buffer = torch.empty(min(rows, BLOCK_ROWS), width, dtype=torch.float32)
+    partial = torch.zeros(min(rows, BLOCK_ROWS), width, dtype=torch.float32)
+    buffer = torch.empty_like(partial)
     for start in range(0, rows, BLOCK_ROWS):
-        block = buffer[: min(BLOCK_ROWS, rows - start)].copy_(grad[start:start + BLOCK_ROWS])
-        sums += (block.square_() if norm == "l2" else block.abs_()).sum(dim=0)
-    return sums
+        n = min(BLOCK_ROWS, rows - start)
+        block = buffer[:n].copy_(grad[start:start + n])
+        if norm == "l2":
+            partial[:n].addcmul_(block, block)
+        else:
+            partial[:n].add_(block.abs_())
+    return partial.sum(dim=0)
 
 
 def column_scores(grad: torch.Tensor, norm: str = "l2") -> torch.Tensor:

@@ -12,16 +12,19 @@ import torch
 
 from zenflow.host import accumulate_into_
 from zenflow.reports.bounds import (
+    LINE_FLOOR,
     PARTS,
     BoundRatio,
     InterleavedReference,
     bound_ratio,
     copy_bytes,
     limit_for,
+    line_floor_ratio,
     load_limits,
     main,
     reference_copy,
     table,
+    touched_lines,
     violation,
 )
 
@@ -110,3 +113,28 @@ def test_command_refuses_a_missing_run(tmp_path: Path, capsys: pytest.CaptureFix
     with pytest.raises(SystemExit) as exit_:
         main([str(tmp_path / "none.json")])
     assert exit_.value.code == 2 and "none.json: no such file" in capsys.readouterr().err
+
+
+def test_the_line_floor_counts_every_line_a_scattered_column_set_touches() -> None:
+    """Brute force: a line of 32 bf16 (or 16 fp32) elements is touched when any of its columns is selected."""
+    gen = torch.Generator().manual_seed(6)
+    for b, per_line in ((2, 32), (4, 16)):
+        columns = torch.sort(torch.randperm(1000, generator=gen)[:37]).values
+        assert touched_lines(columns, b) == len({int(c) // per_line for c in columns})
+    assert touched_lines(torch.arange(64), 2) == 2  # one run: its lines only
+    floor = LINE_FLOOR["device-update"](8, 5, 3)
+    assert floor == 8 * (3 * 3 * 64 + 24 * 5)
+    measured = BoundRatio(3.0, 2.9, 3.1, 10.0)
+    # the same time against a copy three times as large (the floor's copy is half its traffic, as the bound's)
+    assert line_floor_ratio(measured, 1000, 6000) == pytest.approx(1.0)
+
+
+def test_the_table_shows_the_line_floor_where_a_part_has_one() -> None:
+    info = {"device": "cpu", "shape": [4, 4], "reference_gbps": 1.0, "bound_ratio": 3.0, "bound_ratio_low": 2.9,
+            "bound_ratio_high": 3.1}
+    run = {"machine_info": {"cpu_model": "x", "hardware_id": "h", "git_commit": "abc"}, "datetime": "2026-11-29",
+           "benchmarks": [{"stats": {"median": 0.001}, "extra_info": {**info, "part": "device-update",
+                                                                      "line_floor_ratio": 1.234}},
+                          {"stats": {"median": 0.001}, "extra_info": {**info, "part": "host-adamw"}}]}
+    rows = {line.split("|")[1].strip(): line for line in table(run, {}).splitlines()[4:]}
+    assert "| 1.23 " in rows["device-update"] and "| —" in rows["host-adamw"]
