@@ -99,6 +99,9 @@ def put_columns(t: torch.Tensor, columns: torch.Tensor, src: torch.Tensor) -> to
     """`t[:, columns] = src` (in place; returns `t`): a slice copy when the columns are one run; on the CPU
     `scatter_` over the expanded index on the bits (`as_bits`), several times faster there than `index_copy_`, which
     moves one element at a time in every dtype (bench/column_kernels.py); `index_copy_` on CUDA."""
+    if src.shape != (t.shape[0], columns.numel()):  # scatter_ would take a larger src silently
+        raise ValueError(f"put_columns: a block of shape {tuple(src.shape)} into {columns.numel()} columns of "
+                         f"{tuple(t.shape)}: expected ({t.shape[0]}, {columns.numel()})")
     run = span(columns)
     if run is not None:
         t[:, run].copy_(src)

@@ -197,6 +197,8 @@ def test_take_and_put_columns_move_every_bit_as_index_select_and_index_copy(dtyp
         got = t.clone()
         assert put_columns(got, columns, block) is got
         assert torch.equal(_bits(got), _bits(want))
+    with pytest.raises(ValueError, match=r"put_columns: a block of shape \(9, 8\) into 7 columns of \(9, 64\)"):
+        put_columns(t.clone(), torch.tensor([0, 1, 2, 5, 17, 40, 63]), src[:, :8])  # one column too many
     no_rows = torch.empty(0, 64, dtype=dtype)
     assert take_columns(no_rows, torch.tensor([3, 7])).shape == (0, 2)
     assert put_columns(no_rows, torch.tensor([3, 7]), torch.empty(0, 2, dtype=dtype)).shape == (0, 64)
