@@ -229,6 +229,20 @@ def test_capture_environment():
         assert environment.hardware_label(env).startswith("cpu-scale: ")
 
 
+def test_the_cpu_generation_is_read_from_cpuinfo(tmp_path):
+    """One model name ("AMD EPYC") covered CPUs whose bf16 step differed 7.7x: the record names family, model number
+    and the bf16-relevant flags, read from the file's first processor block."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                       "model name\t: AMD EPYC\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n\n"
+                       "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 1\nflags\t\t: avx2\n")
+    assert environment.cpu_generation(str(cpuinfo)) == {"family": 25, "model_number": 17,
+                                                         "isa": ["avx2", "avx512f", "avx512_bf16"]}
+    assert environment.cpu_generation(str(tmp_path / "absent")) == {"family": None, "model_number": None, "isa": []}
+    here = environment.capture_environment(import_deepspeed=False)["cpu"]
+    assert set(here) >= {"family", "model_number", "isa"} and set(here["isa"]) <= set(environment.CPU_ISA_FLAGS)
+
+
 def test_hardware_id_for_a_gpu_host():
     env = {
         "cpu": {"model": "AMD EPYC 7763 64-Core Processor", "allowed_cores": 128},

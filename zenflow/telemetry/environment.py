@@ -40,6 +40,24 @@ def _proc_field(path: str, key: str) -> str | None:
     return None
 
 
+# The flags that decide which bf16 matmul and copy kernels a CPU runs. Two VMs both named "AMD EPYC" ran the same
+# cpu-scale step 7.7x apart (ds-zero-offload 340 ms on 2026-11-27, 2613 ms on 2026-11-29, family 25 model 1 with
+# AVX2 only), so a record names the generation beside the model name.
+CPU_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_generation(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
+    """What the model name leaves out: `family` and `model_number` (integers, None where not known) and `isa`, the
+    CPU_ISA_FLAGS this CPU has (an empty list where /proc/cpuinfo says none or is absent)."""
+    def number(key: str) -> int | None:
+        value = _proc_field(cpuinfo, key)
+        return int(value) if value and value.isdigit() else None
+
+    flags = set((_proc_field(cpuinfo, "flags") or "").split())
+    return {"family": number("cpu family"), "model_number": number("model"),
+            "isa": [flag for flag in CPU_ISA_FLAGS if flag in flags]}
+
+
 GIT_COMMIT_VAR = "ZENFLOW_GIT_COMMIT"  # the commit of a copied tree without .git (a GPU host's copy: gpu_window.py)
 
 
@@ -136,6 +154,7 @@ def capture_environment(import_deepspeed: bool = True) -> dict[str, Any]:
             "model": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine(),
             "logical_cores": os.cpu_count(),
             "allowed_cores": allowed,
+            **cpu_generation(),
         },
         "memory_total_bytes": int(mem_kb.split()[0]) * 1024 if mem_kb else None,
         "nvml": nvml_snapshot(),
