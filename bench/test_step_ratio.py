@@ -9,6 +9,11 @@ boundary), timed around `step()` only; before it, four steps of ZeRO-Offload (`t
 on the same model shape, timed the same way (the reference, interleaved round by round). `extra_info`: the ratio of
 the cycle mean to ZeRO-Offload's step and its 95% interval; over its `[bound_ratios]` limit
 (`<device>/zenflow-cycle`) the benchmark fails. On CUDA the same, with Llama-2-7B-sized layers.
+
+The second benchmark runs the same ZenFlow with `overlap_step` on: the host's work moves to the worker, and what the
+training thread's `step()` does at an accumulation step is the device update. Its mean over the cycle's
+accumulation steps is timed against a plain copy of the device update's bytes for all the layers
+(`<device>/overlap-accumulate`; the issue's goal: within 1.5x).
 """
 
 from __future__ import annotations
@@ -20,7 +25,20 @@ import pytest
 import torch
 
 from zenflow.optimizer import ZenFlowAdamW
-from zenflow.reports.bounds import CYCLE, bound_ratio, limit_for, load_limits
+from zenflow.reports.bounds import (
+    CYCLE,
+    LINE_FLOOR,
+    OVERLAP,
+    InterleavedReference,
+    bound_ratio,
+    copy_bytes,
+    limit_for,
+    line_floor_ratio,
+    load_limits,
+    reference_copy,
+    touched_lines,
+)
+from zenflow.selection import num_selected
 
 SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -41,16 +59,25 @@ class Trainer:
         self.x = torch.randn(1, WIDTH, device=DEVICE).to(torch.bfloat16)
 
     def steps(self, n: int) -> float:
-        seconds = 0.0
+        return sum(seconds for seconds, _ in self.timed_steps(n))
+
+    def timed_steps(self, n: int) -> list[tuple[float, bool]]:
+        """n steps: (seconds of step(), whether it was an update boundary) for each."""
+        times = []
         for _ in range(n):
             self.model(self.x).float().sum().backward()
             _sync()
             start = time.perf_counter()
             self.opt.step()
             _sync()
-            seconds += time.perf_counter() - start
+            times.append((time.perf_counter() - start, self.opt.clock.since_boundary == 0))
             self.opt.zero_grad()
-        return seconds
+        return times
+
+    def accumulation_seconds(self, n: int) -> float:
+        """The mean step() of the accumulation steps among the next n (n covers at least one)."""
+        accumulating = [seconds for seconds, boundary in self.timed_steps(n) if not boundary]
+        return sum(accumulating) / len(accumulating)
 
 
 def _sync() -> None:
@@ -90,4 +117,42 @@ def test_zenflow_cycle_against_zero_offload(benchmark, shape: str) -> None:
     finally:
         zenflow.opt.close()
         offload.opt.close()
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("shape", [f"{LAYERS}x{WIDTH}"])
+def test_overlap_accumulation_step_against_the_device_update_bound(benchmark, shape: str) -> None:
+    """Overlap mode: the host's work runs on the worker, so an accumulation step's step() on the training thread is
+    the device update (and the hand-off). Its mean over a cycle, against a plain copy of the device update's bytes
+    for all the layers (docs/design.md §4), interleaved round by round."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    zenflow = Trainer({"topk_ratio": 0.1, "update_interval": INTERVAL, "overlap_step": True})
+    k = num_selected(WIDTH, 0.1)
+    nbytes = LAYERS * copy_bytes("device-update", WIDTH, WIDTH, k, WIDTH - k, 2)
+    reference = InterleavedReference(reference_copy("device", nbytes, DEVICE))
+    steps: list[float] = []
+    try:
+        zenflow.steps(2 * INTERVAL)  # selection, host parts built, one background update applied
+        benchmark.group = "step-ratio"
+        benchmark.pedantic(lambda: steps.append(zenflow.accumulation_seconds(INTERVAL)), setup=reference,
+                           rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS)
+        benchmark.extra_info.update(part=OVERLAP, shape=[LAYERS, WIDTH, WIDTH], device=DEVICE.type, topk_ratio=0.1,
+                                    update_interval=INTERVAL, threads=1, bound_bytes=nbytes)
+        if benchmark.stats is None:  # benchmarks disabled (the smoke run)
+            return
+        measured = bound_ratio(steps[-ROUNDS:], reference.seconds, nbytes)
+        floor = sum(LINE_FLOOR["device-update"](WIDTH, k, touched_lines(zenflow.opt.state[p].sel, 2))
+                    for p in zenflow.model.parameters())
+        benchmark.extra_info.update(cycle_ms=1e3 * sorted(steps[-ROUNDS:])[ROUNDS // 2],
+                                    bound_ratio=measured.ratio, bound_ratio_low=measured.low,
+                                    bound_ratio_high=measured.high, reference_gbps=measured.reference_gbps,
+                                    line_floor_bytes=floor, line_floor_ratio=line_floor_ratio(measured, nbytes, floor))
+        limit = limit_for(DEVICE.type, OVERLAP, load_limits())
+        if limit is not None and measured.ratio > limit and not SMALL:
+            pytest.fail(f"{DEVICE.type}/{OVERLAP}: the training thread's accumulation step is {measured.ratio:.2f}x "
+                        f"the device update's bound, over its limit {limit:g} (bench/thresholds.toml "
+                        "[bound_ratios])", pytrace=False)
+    finally:
+        zenflow.opt.close()
         torch.set_num_threads(threads)
