@@ -25,19 +25,7 @@ import pytest
 import torch
 
 from zenflow.optimizer import ZenFlowAdamW
-from zenflow.reports.bounds import (
-    CYCLE,
-    LINE_FLOOR,
-    OVERLAP,
-    InterleavedReference,
-    bound_ratio,
-    copy_bytes,
-    limit_for,
-    line_floor_ratio,
-    load_limits,
-    reference_copy,
-    touched_lines,
-)
+from zenflow.reports import bounds
 from zenflow.selection import num_selected
 
 SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")
@@ -101,18 +89,18 @@ def test_zenflow_cycle_against_zero_offload(benchmark, shape: str) -> None:
                            setup=lambda: reference.append(offload.steps(INTERVAL) / INTERVAL),
                            rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS)
         # the bound table's keys (zenflow/reports/bounds.py: table): its reference is ZeRO-Offload's step, no copy
-        benchmark.extra_info.update(part=CYCLE, shape=[LAYERS, WIDTH, WIDTH], device=DEVICE.type, topk_ratio=0.1,
+        benchmark.extra_info.update(part=bounds.CYCLE, shape=[LAYERS, WIDTH, WIDTH], device=DEVICE.type, topk_ratio=0.1,
                                     update_interval=INTERVAL, threads=1)
         if benchmark.stats is None:  # benchmarks disabled (the smoke run)
             return
-        measured = bound_ratio(cycles[-ROUNDS:], reference, nbytes=0)
+        measured = bounds.bound_ratio(cycles[-ROUNDS:], reference, nbytes=0)
         benchmark.extra_info.update(cycle_ms=1e3 * sorted(cycles[-ROUNDS:])[ROUNDS // 2],
                                     zero_offload_ms=1e3 * sorted(reference[-ROUNDS:])[ROUNDS // 2],
                                     bound_ratio=measured.ratio, bound_ratio_low=measured.low,
                                     bound_ratio_high=measured.high, reference_gbps=0.0)
-        limit = limit_for(DEVICE.type, CYCLE, load_limits())
+        limit = bounds.limit_for(DEVICE.type, bounds.CYCLE, bounds.load_limits())
         if limit is not None and measured.ratio > limit and not SMALL:
-            pytest.fail(f"{DEVICE.type}/{CYCLE}: ZenFlow's cycle mean is {measured.ratio:.2f}x ZeRO-Offload's "
+            pytest.fail(f"{DEVICE.type}/{bounds.CYCLE}: ZenFlow's cycle mean is {measured.ratio:.2f}x ZeRO-Offload's "
                         f"step, over its limit {limit:g} (bench/thresholds.toml [bound_ratios])", pytrace=False)
     finally:
         zenflow.opt.close()
@@ -129,30 +117,31 @@ def test_overlap_accumulation_step_against_the_device_update_bound(benchmark, sh
     torch.set_num_threads(1)
     zenflow = Trainer({"topk_ratio": 0.1, "update_interval": INTERVAL, "overlap_step": True})
     k = num_selected(WIDTH, 0.1)
-    nbytes = LAYERS * copy_bytes("device-update", WIDTH, WIDTH, k, WIDTH - k, 2)
-    reference = InterleavedReference(reference_copy("device", nbytes, DEVICE))
+    nbytes = LAYERS * bounds.copy_bytes("device-update", WIDTH, WIDTH, k, WIDTH - k, 2)
+    reference = bounds.InterleavedReference(bounds.reference_copy("device", nbytes, DEVICE))
     steps: list[float] = []
     try:
         zenflow.steps(2 * INTERVAL)  # selection, host parts built, one background update applied
         benchmark.group = "step-ratio"
         benchmark.pedantic(lambda: steps.append(zenflow.accumulation_seconds(INTERVAL)), setup=reference,
                            rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS)
-        benchmark.extra_info.update(part=OVERLAP, shape=[LAYERS, WIDTH, WIDTH], device=DEVICE.type, topk_ratio=0.1,
-                                    update_interval=INTERVAL, threads=1, bound_bytes=nbytes)
+        benchmark.extra_info.update(part=bounds.OVERLAP, shape=[LAYERS, WIDTH, WIDTH], device=DEVICE.type,
+                                    topk_ratio=0.1, update_interval=INTERVAL, threads=1, bound_bytes=nbytes)
         if benchmark.stats is None:  # benchmarks disabled (the smoke run)
             return
-        measured = bound_ratio(steps[-ROUNDS:], reference.seconds, nbytes)
-        floor = sum(LINE_FLOOR["device-update"](WIDTH, k, touched_lines(zenflow.opt.state[p].sel, 2))
+        measured = bounds.bound_ratio(steps[-ROUNDS:], reference.seconds, nbytes)
+        floor = sum(bounds.LINE_FLOOR["device-update"](WIDTH, k, bounds.touched_lines(zenflow.opt.state[p].sel, 2))
                     for p in zenflow.model.parameters())
         benchmark.extra_info.update(cycle_ms=1e3 * sorted(steps[-ROUNDS:])[ROUNDS // 2],
                                     bound_ratio=measured.ratio, bound_ratio_low=measured.low,
                                     bound_ratio_high=measured.high, reference_gbps=measured.reference_gbps,
-                                    line_floor_bytes=floor, line_floor_ratio=line_floor_ratio(measured, nbytes, floor))
-        limit = limit_for(DEVICE.type, OVERLAP, load_limits())
+                                    line_floor_bytes=floor,
+                                    line_floor_ratio=bounds.line_floor_ratio(measured, nbytes, floor))
+        limit = bounds.limit_for(DEVICE.type, bounds.OVERLAP, bounds.load_limits())
         if limit is not None and measured.ratio > limit and not SMALL:
-            pytest.fail(f"{DEVICE.type}/{OVERLAP}: the training thread's accumulation step is {measured.ratio:.2f}x "
-                        f"the device update's bound, over its limit {limit:g} (bench/thresholds.toml "
-                        "[bound_ratios])", pytrace=False)
+            pytest.fail(f"{DEVICE.type}/{bounds.OVERLAP}: the training thread's accumulation step is "
+                        f"{measured.ratio:.2f}x the device update's bound, over its limit {limit:g} "
+                        "(bench/thresholds.toml [bound_ratios])", pytrace=False)
     finally:
         zenflow.opt.close()
         torch.set_num_threads(threads)
