@@ -23,15 +23,14 @@ from zenflow.device_accumulation import accumulate_on_device_, ship_
 from zenflow.host import GradCopy, accumulate_, host_adamw_
 from zenflow.optimizer import ZenFlowAdamW
 from zenflow.reports.bounds import (
-    LINE_FLOOR,
     PARTS,
     InterleavedReference,
     bound_ratio,
     copy_bytes,
+    device_update_line_floor,
     line_floor_ratio,
     load_limits,
     reference_copy,
-    touched_lines,
     violation,
 )
 from zenflow.selection import num_selected, select_columns
@@ -114,8 +113,8 @@ def _measure(benchmark, name: str, accumulate_on: str) -> None:
         measured = bound_ratio(list(benchmark.stats.stats.data), reference.seconds, nbytes)
         benchmark.extra_info.update(bound_ratio=measured.ratio, bound_ratio_low=measured.low,
                                     bound_ratio_high=measured.high, reference_gbps=measured.reference_gbps)
-        if name in LINE_FLOOR:  # scattered columns of a row-major weight: whole cache lines move
-            floor = LINE_FLOOR[name](OUT, k, touched_lines(st.sel, DTYPE.itemsize))
+        if name == "device-update":  # scattered columns of a row-major weight: whole cache lines move
+            floor = device_update_line_floor(OUT, st.sel, DTYPE.itemsize)
             benchmark.extra_info.update(line_floor_bytes=floor,
                                         line_floor_ratio=line_floor_ratio(measured, nbytes, floor))
         problem = violation(DEVICE.type, name, measured, load_limits())

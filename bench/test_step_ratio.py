@@ -130,7 +130,7 @@ def test_overlap_accumulation_step_against_the_device_update_bound(benchmark, sh
         if benchmark.stats is None:  # benchmarks disabled (the smoke run)
             return
         measured = bounds.bound_ratio(steps[-ROUNDS:], reference.seconds, nbytes)
-        floor = sum(bounds.LINE_FLOOR["device-update"](WIDTH, k, bounds.touched_lines(zenflow.opt.state[p].sel, 2))
+        floor = sum(bounds.device_update_line_floor(WIDTH, zenflow.opt.state[p].sel, 2)
                     for p in zenflow.model.parameters())
         benchmark.extra_info.update(cycle_ms=1e3 * sorted(steps[-ROUNDS:])[ROUNDS // 2],
                                     bound_ratio=measured.ratio, bound_ratio_low=measured.low,

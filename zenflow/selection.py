@@ -10,13 +10,14 @@ import math
 
 import torch
 
+from zenflow.config import COLUMN_NORMS
+
 
 def num_selected(in_features: int, topk_ratio: float) -> int:
     """k = ceil(topk_ratio * in), clamped to [0, in]."""
     return min(in_features, max(0, math.ceil(topk_ratio * in_features - 1e-9)))
 
 
-NORMS = ("l2", "l1")
 BLOCK_ROWS = 64  # rows a CPU block converts at once: its fp32 copy (1 MiB at in = 4096) stays in the L2 cache
 
 
@@ -28,7 +29,7 @@ def column_sums(grad: torch.Tensor, norm: str = "l2") -> torch.Tensor:
     writes and reads again twice its bytes through memory, and `vector_norm` along dim 0 runs ~20x slower than
     this there (docs/benchmarks.md, "Bound ratios"). The sums are fp32 either way (bf16 sums would reorder
     near-ties); only their order differs."""
-    if norm not in NORMS:
+    if norm not in COLUMN_NORMS:
         raise ValueError(f"column_norm = {norm!r} is not allowed: expected 'l2' or 'l1'")
     if grad.device.type != "cpu":
         g = grad.float()

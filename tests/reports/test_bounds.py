@@ -12,12 +12,12 @@ import torch
 
 from zenflow.host import accumulate_into_
 from zenflow.reports.bounds import (
-    LINE_FLOOR,
     PARTS,
     BoundRatio,
     InterleavedReference,
     bound_ratio,
     copy_bytes,
+    device_update_line_floor,
     limit_for,
     line_floor_ratio,
     load_limits,
@@ -122,7 +122,7 @@ def test_the_line_floor_counts_every_line_a_scattered_column_set_touches() -> No
         columns = torch.sort(torch.randperm(1000, generator=gen)[:37]).values
         assert touched_lines(columns, b) == len({int(c) // per_line for c in columns})
     assert touched_lines(torch.arange(64), 2) == 2  # one run: its lines only
-    floor = LINE_FLOOR["device-update"](8, 5, 3)
+    floor = device_update_line_floor(8, torch.tensor([0, 1, 40, 70, 71]), 2)  # bf16 lines 0, 1 and 2: three
     assert floor == 8 * (3 * 3 * 64 + 24 * 5)
     measured = BoundRatio(3.0, 2.9, 3.1, 10.0)
     # the same time against a copy three times as large (the floor's copy is half its traffic, as the bound's)

@@ -27,9 +27,10 @@ against a copy of T/2 bytes; across the link the bytes crossing are the copy's s
 Memory moves whole cache lines, so a part that reads or writes scattered columns of a row-major weight also has a
 *line floor*: the device update reads every 64-byte line of the gradient that holds a selected element and reads
 and writes every such line of the weight (a partial line is read before it is written), beside its 24 bytes of fp32
-state per selected element: out·(3·L·64 + 24·k) for L lines per row (LINE_FLOOR). With a tenth of 4096 bf16
-columns selected at random, L is ~97% of a row's lines: the floor is ~3x the bound, and no kernel on a row-major
-weight gets under it. The table reports the part's time against both; the goal and the limits are on the bound.
+state per selected element: out·(3·L·64 + 24·k) for L lines per row (device_update_line_floor). With a tenth of
+4096 bf16 columns selected at random, L is ~97% of a row's lines: the floor is ~3x the bound, and no kernel on a
+row-major weight gets under it. The table reports the part's time against both; the goal and the limits are on the
+bound.
 
 The limits on the ratios are the `[bound_ratios]` table of bench/thresholds.toml, keyed `<device>/<part>` (fnmatch
 patterns, the last match wins).
@@ -90,9 +91,10 @@ def touched_lines(columns: torch.Tensor, b: int) -> int:
     return int(torch.unique(columns.cpu() * b // LINE).numel())
 
 
-LINE_FLOOR: dict[str, Callable[[int, int, int], int]] = {
-    "device-update": lambda out, k, lines: out * (3 * lines * LINE + 24 * k),  # (out, k, lines per row) -> bytes
-}
+def device_update_line_floor(out: int, selected: torch.Tensor, b: int) -> int:
+    """The device update's traffic in whole cache lines for one `[out, in]` weight whose `selected` columns hold
+    `b` bytes each: the gradient's touched lines read, the weight's read and written, 24 bytes of fp32 state each."""
+    return out * (3 * touched_lines(selected, b) * LINE + 24 * selected.numel())
 
 
 def line_floor_ratio(measured: BoundRatio, bound_bytes: int, floor_traffic: int) -> float:
