@@ -141,6 +141,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "pt_reserved_cores_perc P, the share of the cores kept for PyTorch compute (default: "
                     + " ".join(f"{f:g}" for f in FRACTIONS) + "), into the cores/ subfolder (≈8 min here)")
     cli.add_knobs(ap, DEEPSPEED_EXAMPLES_BLOCK)  # a setting other than the default gets an output folder of its own
+    cli.add_placement(ap)  # split: its own placement-split/ subfolder
     ap.add_argument("--smoke", action="store_true", help="a tiny model and 4+4 steps (for the test suite)")
     ap.add_argument("--report-only", action="store_true", help="remake table and figure from the records in --out")
     args = ap.parse_args(argv)
@@ -173,6 +174,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  + ("CUDA GPU(s) torch can use here" if on_gpus else "cores this process may use (one rank each)"))
     if args.device == "cuda" and not gpu:
         ap.error("argument --device: 'cuda' is not allowed: torch cannot use CUDA here (expected 'auto' or 'cpu')")
+    cli.check_placement_args(ap, args, on_gpus, args.nproc)
+    if args.placement == "split" and args.cores_ablation is not None:
+        ap.error("argument --placement: 'split' is not allowed with --cores-ablation (expected one core layout per run)")
     return args
 
 
@@ -196,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "results" / "llama7b" / env["hardware_id"] / scenario / (
         f"nproc-{args.nproc}" if args.nproc > 1 else "") / (
         "convergence" if args.convergence else "cores" if args.cores_ablation else "") / cli.setting_name(
-        args.block, DEEPSPEED_EXAMPLES_BLOCK)  # e.g. update-interval-auto/: two settings never share a folder
+        args.block, DEEPSPEED_EXAMPLES_BLOCK) / cli.placement_name(args.placement)  # e.g. update-interval-auto/:
+    # two settings (or placements) never share a folder
     report = partial(cores_report if args.cores_ablation else scenario_report, env=env)
     if args.report_only:  # records only: no plan, no probe
         problem = report_existing(out, report)
@@ -211,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + scale_plan.render(base + (0 if cuda else mp.CUDA_CONTEXT)))  # 13B and 70B on 1-8 GPUs
         return 0
     problem = (cli.folder_problem(out) or cli.unfinished_problem(out, args.resume)
-               or cli.setting_problem(out, args.block))
+               or cli.setting_problem(out, args.block) or cli.placement_problem(out, args.placement))
     if problem:
         return cli.refuse(f"argument --out: {str(out)!r} {problem}")
     try:  # a GPU host whose torch cannot use CUDA would silently train on the CPU under the GPU's hardware id
@@ -309,7 +314,7 @@ def plan(args: argparse.Namespace, skips: dict[str, str | None] | None = None,
         split = {} if fraction is None else {"split": planned_split(engine, fraction)}
         spec = RunSpec(engine=engine, label="llama7b", workload={**workload(args), "seed": args.seed + rep},
                        ds_config=cfg, telemetry=telemetry, num_gpus=args.nproc, extra={"repeat": rep, **split},
-                       warmup_steps=steps[0], timed_steps=steps[1])
+                       warmup_steps=steps[0], timed_steps=steps[1], placement=args.placement)
         protocol = {"warmup_steps": spec.warmup_steps, "timed_steps": -(-spec.timed_steps // spec.cycle) * spec.cycle,
                     "telemetry": telemetry, "repeat": rep}  # timed steps: whole update cycles, as the run rounds
         setting = "" if fraction is None else f"-cores{fraction:g}"

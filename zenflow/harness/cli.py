@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from zenflow.config import AUTO, ConfigError, ZenFlowConfig
 from zenflow.harness.engines.registry import ASKED, ENGINE_SPECS
 from zenflow.harness.glue.data import GlueError, get_task
+from zenflow.harness.placement import PLACEMENTS
 from zenflow.harness.records import RecordError, RunRecord
 from zenflow.harness.result_sets import PARTIAL, unfinished_plan
 from zenflow.harness.workloads import WorkloadError, check_data
@@ -134,6 +135,47 @@ def knobs_block(ap: argparse.ArgumentParser, args: argparse.Namespace, block: di
         option = next((o for o, f in KNOBS.items() if f == field), "--select-interval")
         ap.error(f"argument {option}: {exc}")
     return chosen
+
+
+def add_placement(ap: argparse.ArgumentParser) -> None:
+    """--placement: where the device's and the host's phases run (harness/placement.py; default shared)."""
+    ap.add_argument("--placement", choices=PLACEMENTS, default="shared",
+                    help="shared: every phase on every core (the committed sets); split: the GPU analog, the device's "
+                    "work on the device cores and the host's on the host cores, for every engine (docs/design.md §3)")
+
+
+def check_placement_args(ap: argparse.ArgumentParser, args: argparse.Namespace, cuda: bool,
+                         nproc: int = 1) -> None:
+    """A split needs a host without a GPU (on a GPU the device is the GPU) and two cores per rank; one line each."""
+    if args.placement != "split":
+        return
+    if cuda:
+        ap.error("argument --placement: 'split' is not allowed on a GPU (the device's work is the GPU's): expected "
+                 "'shared', or --device cpu")
+    cores = len(os.sched_getaffinity(0)) // max(1, nproc)
+    if cores < 2:
+        ap.error(f"argument --placement: 'split' is not allowed with {cores} core(s) per rank: expected at least 2 "
+                 "(one for the device's work, one for the host's)")
+
+
+def placement_name(placement: str) -> str:
+    """The output subfolder of a placement: "" for shared (the committed sets' own folders), "placement-split"."""
+    return "" if placement == "shared" else f"placement-{placement}"
+
+
+def placement_problem(out: Path, placement: str) -> str | None:
+    """Why `out` cannot take runs at `placement`: its records (or its unfinished plan's) ran at another one."""
+    for folder in (out, out / PARTIAL):
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                record = RunRecord.read(path)
+            except RecordError:
+                continue
+            theirs = record.protocol.get("placement", "shared")
+            if theirs != placement:
+                return (f"holds runs at placement {theirs} ({path.name}): expected a folder of its own (leave --out "
+                        "unset: the default names the placement)")
+    return None
 
 
 def setting_name(block: dict[str, Any], default: dict[str, Any]) -> str:

@@ -35,12 +35,14 @@ def unfinished_plan(out: Path) -> Path | None:
 
 def same_run(old: RunRecord, spec: Any, protocol: dict[str, Any] | None = None) -> bool:
     """Is `old` an ok record of the run `spec` (a RunSpec) describes: same engine, config, workload settings and the
-    given `protocol` entries? (--resume keeps such a record instead of running it again.) The config compared is
+    given `protocol` entries, at the same placement (a record without one ran shared)? (--resume keeps such a
+    record instead of running it again.) The config compared is
     the spec's as given (`protocol.spec_config`), not the engine's resolution of it (Twin-Flow's sub_group_size
     "auto" becomes a number); records written before spec_config existed only have `config`."""
     asked = old.protocol.get("spec_config", old.config)
     return (old.status == "ok" and old.engine == spec.engine and asked == spec.ds_config
             and all(old.workload.get(k) == v for k, v in spec.workload.items())
+            and old.protocol.get("placement", "shared") == getattr(spec, "placement", "shared")
             and all(old.protocol.get(k) == v for k, v in (protocol or {}).items()))
 
 

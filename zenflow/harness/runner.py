@@ -39,7 +39,7 @@ def run_in_subprocess(spec: RunSpec, out: str | Path, timeout_s: float = 3600) -
     group is stopped (SIGTERM, grace, SIGKILL: processes.py), so no rank or worker outlives the run."""
     out = Path(out)
     out.unlink(missing_ok=True)
-    why_not = unavailable(spec.engine, spec.workload.get("device", "auto"))
+    why_not = unavailable(spec.engine, spec.workload.get("device", "auto"), spec.placement)
     if why_not:  # by design: the library is absent, or the engine cannot run on this device
         _skipped(spec, skip_error(why_not, sys.executable)).write(out)
         return RunRecord.read(out)

@@ -27,6 +27,7 @@ import torch
 from zenflow.harness.engines.build import init_warnings, make_engine
 from zenflow.harness.engines.registry import engine_spec, is_deepspeed
 from zenflow.harness.glue.workload import GlueWorkload
+from zenflow.harness.placement import check_placement, placement_for
 from zenflow.harness.processes import bind_rank_cores
 from zenflow.harness.records import RunRecord, summarize_steps
 from zenflow.harness.when import utc_now
@@ -50,10 +51,12 @@ class RunSpec:
     progress: bool = True
     num_gpus: int = 1  # ranks (processes) per run, one per GPU, or a share of the cores each on the CPU
     extra: dict[str, Any] = field(default_factory=dict)
+    placement: str = "shared"  # where the device's and the host's phases run (harness/placement.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_gpus, int) or self.num_gpus < 1:
             raise ValueError(f"num_gpus = {self.num_gpus!r} is not allowed: expected an int >= 1")
+        check_placement(self.placement)
 
     @property
     def cycle(self) -> int:
@@ -107,9 +110,13 @@ class Session:
                                 model=model_facts(model))
         self.timeline = StepTimeline()
         spec_config = copy.deepcopy(spec.ds_config)  # as asked for, copied before an engine sees it: --resume's key
+        self.placement = placement_for(spec.placement, compute_share(spec.ds_config))  # from every core of the run
         self.engine = make_engine(spec.engine, model, spec.ds_config, self.timeline, telemetry=spec.telemetry,
                                   device=self.workload.device)
         self.record.config = self.engine.ds_config  # as the engine resolved it (e.g. Twin-Flow's sub_group_size)
+        # bound after the engine is built (an overlap worker has split the cores by then, from every core), before
+        # the protocol notes the threads
+        self.placement.bind(self.engine)
         fixed = self.workload.steps
         self.warmup_steps = (min(spec.warmup_steps, fixed - 1) if fixed else spec.warmup_steps)
         timed = fixed - self.warmup_steps if fixed else -(-spec.timed_steps // spec.cycle) * spec.cycle  # cycles
@@ -117,6 +124,7 @@ class Session:
         self.record.protocol = {
             "taken_at": utc_now(), "warmup_steps": self.warmup_steps, "timed_steps": timed, "cycle": spec.cycle,
             "num_gpus": spec.num_gpus, "world_size": world_size(), "device": str(self.engine.device),
+            "placement": spec.placement,
             "threads": torch.get_num_threads(), "rank_cores": rank_cores, "telemetry": spec.telemetry,
             "stall_includes_io": self.engine.stall_includes_io,
             "attribution": self.timeline.use_device(self.engine.device), "peak_memory": self.timeline.memory,
@@ -165,8 +173,10 @@ class Session:
             self.timeline.use_device(self.engine.device)
             self.timeline.mark("forward")
             loss = self.engine.forward_backward(next(self.batches))
+            self.placement.note_device()
             self.timeline.mark("backward")
             kind = self.engine.optimizer_step()
+            self.placement.settle()  # a split: the step's last host phase hands the device's cores back
             self.timeline.mark("optimizer", stall_since="backward" if self.engine.stall_includes_io else None)
             timing.loss = loss.item()  # device->host sync point, once per step: the next step starts device-idle
             timing.kind = "warmup" if self.i < self.warmup_steps else kind
@@ -193,6 +203,7 @@ class Session:
         record.summary = summarize_steps(record.steps, spec.cycle, record.model["model_bytes"])
         host_state = self.engine.host_state_bytes()  # this rank's host buffers (ZenFlow engines)
         zenflow = self.engine.zenflow_facts()  # before close(): what ZenFlow decided
+        record.protocol["cores"] = self.placement.facts()  # where each phase ran (shared: the same cores)
         evaluated = self._evaluate() if self.workload.evaluate is not None else None
         self.close()
         record.metrics["final_loss"] = record.summary["final_loss"]
@@ -253,7 +264,14 @@ def failed_record(spec: RunSpec, error: str, stderr_tail: str = "", status: str 
                      config=spec.ds_config, workload=spec.workload,
                      protocol={"warmup_steps": spec.warmup_steps, "timed_steps": spec.timed_steps,
                                "num_gpus": spec.num_gpus, "world_size": spec.num_gpus,
-                               "telemetry": spec.telemetry})
+                               "telemetry": spec.telemetry, "placement": spec.placement})
+
+
+def compute_share(ds_config: dict[str, Any]) -> float:
+    """The share of the cores a split keeps for the device: the run's `pt_reserved_cores_perc` (its ZenFlow block),
+    so the split is the one ZenFlow's worker makes; 0.5 without one."""
+    block = (ds_config.get("zero_optimization") or {}).get("zenflow") or {}
+    return float(block.get("pt_reserved_cores_perc", 0.5))
 
 
 def peak_rss_bytes() -> int:

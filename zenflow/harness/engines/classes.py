@@ -28,6 +28,9 @@ class Engine:
     weights_changed_at_init: list[str]  # set by make_engine
     weight_view: dict[str, Any] | None = None  # DeepSpeed's ZenFlow weight-view repair, when asked: what it did
     stall_includes_io = False  # DeepSpeed's step cannot be split into copies and CPU Adam from outside
+    # how a split placement reaches its phases (harness/placement.py): "observers", "device", "deepspeed", or None
+    # (it cannot be placed: its host work is not visible from outside)
+    placed_by: str | None = None
 
     def __init__(self, name: str, model: torch.nn.Module, ds_config: dict[str, Any], timeline: StepTimeline,
                  telemetry: bool = True, repair_weight_view: bool = False, device: str = "auto",
@@ -109,6 +112,7 @@ class ObservedEngine(TorchEngine):
     and waits, it counts its own bytes and host state, and it has a host worker to stop."""
 
     optimizer: Any  # an Observed optimizer
+    placed_by = "observers"  # every host phase is a blocking section the placement's observer sees
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -174,6 +178,8 @@ class OverlappedOffloadEngine(ObservedEngine):
 class NoOffloadEngine(TorchEngine):
     """no-offload: torch.optim.AdamW (fused) on the model's own parameters, the bound when the model fits."""
 
+    placed_by = "device"  # no host phase: every phase is the device's
+
     def build_optimizer(self, distributed: bool) -> torch.optim.Optimizer:
         optimizer = torch.optim.AdamW(self.model.parameters(), **adamw_args(self.ds_config))
         if distributed:  # the no-offload baseline is plain data parallelism
@@ -189,6 +195,7 @@ class DeepSpeedEngine(Engine):
     """The ds-* engines: real `deepspeed.initialize` (CPU accelerator + gloo here, CUDA on a GPU)."""
 
     stall_includes_io = True
+    placed_by = "deepspeed"  # its CPU Adam on the host cores (ds_placement.py)
 
     @classmethod
     def unavailable(cls, name: str, cuda: bool) -> str | None:

@@ -39,6 +39,7 @@ class MegatronHybridEngine(NoOffloadEngine):
 
     offload_fraction: float = 0.5
     stall_includes_io = True
+    placed_by = None  # its host share runs inside its own step, unseen from outside (and it needs CUDA anyway)
 
     @classmethod
     def unavailable(cls, name: str, cuda: bool) -> str | None:

@@ -143,9 +143,15 @@ class EngineSpec:
                 return interval
         return ds_config.get("gradient_accumulation_steps", 1)
 
-    def unavailable(self, device: str) -> str | None:
-        """Why it cannot run here on `device` ("cpu", "cuda[:N]", "auto"), or None."""
+    def unavailable(self, device: str, placement: str = "shared") -> str | None:
+        """Why it cannot run here on `device` ("cpu", "cuda[:N]", "auto") at `placement` (harness/placement.py),
+        or None."""
         cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        if placement == "split" and cuda:
+            return "placement split is the GPU analog of a host without a GPU: on a GPU the device's work is the GPU's"
+        if placement == "split" and self.engine_class.placed_by is None:
+            return (f"placement split: {self.name} cannot be placed (its host work runs inside its own step, unseen "
+                    "from outside), so it would share the cores")
         return self.engine_class.unavailable(self.name, cuda)
 
 
@@ -214,11 +220,11 @@ def is_deepspeed(name: str) -> bool:
     return spec is not None and spec.family == "deepspeed"
 
 
-def unavailable(engine: str, device: str) -> str | None:
-    """Why `engine` cannot run here on `device` ("cpu", "cuda", "auto"), or None (also for a name not registered:
-    its run fails with the reason). Checked in the parent, before the run's process starts."""
+def unavailable(engine: str, device: str, placement: str = "shared") -> str | None:
+    """Why `engine` cannot run here on `device` ("cpu", "cuda", "auto") at `placement`, or None (also for a name not
+    registered: its run fails with the reason). Checked in the parent, before the run's process starts."""
     spec = ENGINE_SPECS.get(engine)
-    return spec.unavailable(device) if spec else None
+    return spec.unavailable(device, placement) if spec else None
 
 
 def zenflow_engines() -> list[EngineSpec]:
