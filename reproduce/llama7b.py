@@ -176,7 +176,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("argument --device: 'cuda' is not allowed: torch cannot use CUDA here (expected 'auto' or 'cpu')")
     cli.check_placement_args(ap, args, on_gpus, args.nproc)
     if args.placement == "split" and args.cores_ablation is not None:
-        ap.error("argument --placement: 'split' is not allowed with --cores-ablation (expected one core layout per run)")
+        ap.error("argument --placement: 'split' is not allowed with --cores-ablation (expected one core layout per "
+                 "run)")
     return args
 
 

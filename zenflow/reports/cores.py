@@ -31,7 +31,7 @@ from zenflow.harness.engines.registry import is_deepspeed
 from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_csv, write_text_atomic
 from zenflow.reports.intervals import columns, interval_cell, log_interval, ratio_cell, ratio_interval, row_interval
-from zenflow.reports.scenario import engine_rank, load_notes, runs_hardware_label, seeds_line
+from zenflow.reports.scenario import check_one_placement, engine_rank, load_notes, runs_hardware_label, seeds_line
 from zenflow.worker import reserved_cores
 
 DEFAULT = ZenFlowConfig().pt_reserved_cores_perc  # DeepSpeed's default too (ZenFlowConfig: Field(0.5))
@@ -60,6 +60,7 @@ def fraction_of(record: RunRecord) -> float:
 
 
 def cores_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
+    check_one_placement(records)
     groups: dict[tuple[str, float], list[RunRecord]] = {}
     for r in records:
         if r.status == "ok" and r.summary.get("cycle_mean_ms") and r.protocol.get("telemetry", True):

@@ -22,7 +22,7 @@ from zenflow.harness.glue.data import get_task, metric_name
 from zenflow.harness.records import RunRecord
 from zenflow.reports.glue_curve import curve_report
 from zenflow.reports.intervals import log_interval, ratio_cell
-from zenflow.reports.scenario import engine_rank, runs_hardware_label
+from zenflow.reports.scenario import check_one_placement, engine_rank, runs_hardware_label
 
 LABELS = {"deepspeed": "DeepSpeed", "ours": "ours"}
 # Per family, its ZenFlow engine and the offload engine it is held to (the registry's stall baseline), in table order:
@@ -69,6 +69,7 @@ def parity(zen: dict[str, Any] | None, off: dict[str, Any] | None) -> dict[str, 
 def summarize(records: list[RunRecord]) -> list[dict[str, Any]]:
     """One row per task (ordered as GLUE lists them) plus the average row (per seed: the mean over tasks of that
     seed's scores, for the seeds every task has for that engine)."""
+    check_one_placement(records)
     by_task = scores(records)
     order = [t for t in ("CoLA", "SST-2", "MRPC", "QQP", "STS-B", "MNLI", "QNLI", "RTE", "WNLI") if t in by_task]
     rows = []
@@ -96,6 +97,7 @@ def summarize(records: list[RunRecord]) -> list[dict[str, Any]]:
 
 
 def speedups(records: list[RunRecord]) -> dict[str, dict[str, Any] | None]:
+    check_one_placement(records)
     def train_ms(r: RunRecord) -> float:
         return sum(s["period_ms"] for s in r.steps if s["kind"] != "warmup" and s.get("period_ms") is not None)
 

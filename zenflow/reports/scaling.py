@@ -11,7 +11,7 @@ from zenflow.costmodel.model import selection_exchange_bytes
 from zenflow.costmodel.presets import model_columns, model_counts
 from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import fmt, markdown, pyplot, save_figure, write_text_atomic
-from zenflow.reports.scenario import engine_rank, run_world_size, runs_hardware_label
+from zenflow.reports.scenario import check_one_placement, engine_rank, run_world_size, runs_hardware_label
 
 LINK_KEYS = ("_grads", "_params")  # device<->host bytes (PCIe on a GPU), per rank
 
@@ -73,6 +73,7 @@ def _x(v: float | None) -> str:
 
 
 def scaling_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> str:
+    check_one_placement(records)
     rows, sel = scaling_rows(records), selection_rows(records)
     label = runs_hardware_label(records, env)
     body = [[r["engine"], r["world_size"], r["runs"], f"{r['cycle_mean_ms']:.1f}", f"{r['samples_per_s']:.2f}",

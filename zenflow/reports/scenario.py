@@ -43,9 +43,38 @@ def engine_rank(engine: str) -> tuple[int, str]:
 
 
 def runs_hardware_label(records: Sequence[RunRecord], fallback_env: dict[str, Any]) -> str:
-    """The hardware the runs were made on (from their records), not the machine remaking the report."""
+    """The hardware the runs were made on (from their records), not the machine remaking the report; at cpu-scale
+    with the runs' placement (harness/placement.py): every title says which, as two placements never share one."""
     env = next((r.environment for r in records if r.environment.get("cpu")), fallback_env)
-    return hardware_label(env)
+    label = hardware_label(env)
+    if not label.startswith("cpu-scale"):
+        return label  # a GPU is the device: there is no placement to name
+    names = sorted({run_placement(r) for r in records}) or ["shared"]
+    return f"{label}, placement {' + '.join(PLACEMENT_LABELS.get(n, n) for n in names)}"
+
+
+PLACEMENT_LABELS = {"shared": "shared", "split": "split (GPU analog)"}
+
+
+class MixedPlacementError(ValueError):
+    """Records of runs at different placements: one table would compare the GPU analog with shared cores."""
+
+
+def run_placement(record: RunRecord) -> str:
+    """Where the run's phases ran (harness/placement.py); records from before it was recorded ran shared."""
+    return str(record.protocol.get("placement", "shared"))
+
+
+def check_one_placement(records: Sequence[RunRecord]) -> None:
+    """Refuse to tabulate (or compare) runs of different placements together."""
+    found: dict[str, set[str]] = {}
+    for r in records:
+        found.setdefault(run_placement(r), set()).add(r.engine)
+    if len(found) > 1:
+        listed = "; ".join(f"placement {p}: {', '.join(sorted(engines, key=engine_rank))}"
+                           for p, engines in sorted(found.items()))
+        raise MixedPlacementError(f"records of different placements in one table ({listed}): a split run (the GPU "
+                                  "analog) is not comparable with a shared one; tabulate each placement separately")
 
 
 class MixedWorldSizeError(ValueError):
@@ -72,7 +101,8 @@ def check_one_world_size(records: Sequence[RunRecord]) -> None:
 
 def cycles_by_repeat(records: Sequence[RunRecord]) -> dict[str, dict[int, float]]:
     """Each engine's cycle-mean step time per repeat (the key that pairs runs across engines: run r of every engine
-    shares its seed and its stretch of machine time, engines interleaved)."""
+    shares its seed and its stretch of machine time, engines interleaved). Mixed placements are refused."""
+    check_one_placement(records)
     out: dict[str, dict[int, float]] = {}
     for r in records:
         if r.status == "ok" and r.summary.get("cycle_mean_ms"):
@@ -90,8 +120,10 @@ def speedup(by_repeat: dict[str, dict[int, float]], slow: str, fast: str) -> Int
 def engine_rows(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
     """One row per engine: medians over its repeated runs of each run's summary value, the 95% interval of its
     cycle-mean step time, and its speedup over BASELINE paired by repeat with its interval. An engine whose runs
-    were all skipped (DeepSpeed not installed) gets an empty row that says so. Mixed world sizes are refused."""
+    were all skipped (DeepSpeed not installed) gets an empty row that says so. Mixed world sizes and placements are
+    refused."""
     check_one_world_size(records)
+    check_one_placement(records)
     by_engine: dict[str, list[RunRecord]] = {}
     skipped: dict[str, str] = {}
     for r in records:
