@@ -174,10 +174,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  + ("CUDA GPU(s) torch can use here" if on_gpus else "cores this process may use (one rank each)"))
     if args.device == "cuda" and not gpu:
         ap.error("argument --device: 'cuda' is not allowed: torch cannot use CUDA here (expected 'auto' or 'cpu')")
-    cli.check_placement_args(ap, args, on_gpus, args.nproc)
     if args.placement == "split" and args.cores_ablation is not None:
         ap.error("argument --placement: 'split' is not allowed with --cores-ablation (expected one core layout per "
                  "run)")
+    cli.check_placement_args(ap, args, on_gpus, args.nproc)
     return args
 
 

@@ -14,6 +14,7 @@ import torch
 from zenflow.harness import records as records_module
 from zenflow.harness.configs import DEFAULT_ENGINES
 from zenflow.harness.engines.registry import ENGINE_SPECS
+from zenflow.harness.placement import DEVICE, HOST, phases_apart
 from zenflow.harness.records import RecordError, RunRecord, describe, summarize_steps
 from zenflow.harness.runner import RunSpec, run_in_subprocess
 from zenflow.reports.scenario import engine_rank, engine_rows, runs_hardware_label, table
@@ -204,6 +205,11 @@ def test_reproduce_llama7b_smoke_runs_every_engine_and_writes_table_and_figure(t
                                                                       for w in record.warnings)
     assert changed.pop("ds-zenflow") > 0
     assert set(changed.values()) == {0}
+    # shared (the default): a sync engine's host phase and its device phase were not apart (the split's control)
+    offload = RunRecord.read(tmp_path / "ref-offload-r0.json")
+    assert offload.protocol["placement"] == "shared" and offload.protocol["cores"]["phases"][HOST]["phases"] > 0
+    assert not phases_apart(offload.protocol["cores"])
+    assert "placement shared" in text.splitlines()[0]
     # Both ZenFlow engines: finite losses after U + 1 steps (DeepSpeed issue #7759) and what they decided, logged
     # (DeepSpeed's default never re-selects, PR #8456)
     for engine in ("ref-zenflow", "ds-zenflow"):
@@ -214,6 +220,47 @@ def test_reproduce_llama7b_smoke_runs_every_engine_and_writes_table_and_figure(t
         facts = record.metrics["zenflow"]
         assert facts["selections"] >= 1 and facts["host_updates"] >= 1, (engine, facts)
         assert facts["select_interval"] is not None and facts["update_interval"] == interval
+
+
+# the engines whose training thread has host phases in a smoke run (DeepSpeed's ZenFlow runs its own in a process)
+HOST_PHASE_ENGINES = ("ref-offload", "ref-offload-gas", "ref-zenflow", "ref-zenflow-da", "ref-offload-overlap",
+                      "ds-zero-offload", "ds-zero-offload-gas")
+
+
+@pytest.mark.deepspeed
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a split needs two cores; this runner has one")
+def test_reproduce_llama7b_smoke_split_placement_runs_each_phase_on_its_own_cores(tmp_path):
+    """Issue 42: --placement split, every default engine: each phase on its side's cores (the thread's mask and the
+    CPU it ran on, per phase, in the record), engines that cannot be placed say so in their row, the title says
+    which placement; the shared smoke above is the control (its ref-offload phases were not apart)."""
+    sys.path.insert(0, str(ROOT / "reproduce"))
+    import llama7b
+
+    code = llama7b.main(["--smoke", "--placement", "split", "--repeats", "1", "--no-overhead-check",
+                         "--out", str(tmp_path)])
+    assert code == 0
+    text = (tmp_path / "table.md").read_text()
+    assert "placement split (GPU analog)" in text.splitlines()[0]
+    ran = set()
+    for path in tmp_path.glob("*.json"):
+        record = RunRecord.read(path)
+        assert record.protocol["placement"] == "split", record.engine
+        why = ENGINE_SPECS[record.engine].unavailable("auto", "split")
+        if why is not None:  # not placeable, or not runnable here: listed, with why
+            assert record.status == "skipped" and why in record.error
+            continue
+        assert record.status == "ok", (record.engine, record.error)
+        cores = record.protocol["cores"]
+        assert cores["placed_by"] and record.protocol["threads"] == len(cores["device"])
+        for side in (DEVICE, HOST):  # every phase on its own side's cores
+            assert all(mask == cores[side] for mask in cores["phases"][side]["masks"]), (record.engine, cores)
+            assert set(cores["phases"][side]["ran_on"]) <= set(cores[side]), (record.engine, cores)
+        ran.add(record.engine)
+        if record.engine in HOST_PHASE_ENGINES:
+            assert phases_apart(cores), (record.engine, cores)
+    assert {"ref-offload", "ref-zenflow", "no-offload", "ds-zero-offload", "ds-zenflow"} <= ran
+    zenflow = RunRecord.read(tmp_path / "ds-zenflow-r0.json").protocol["cores"]["notes"]
+    assert any("optimizer process on the host cores" in note for note in zenflow)  # checked when it started
 
 
 def test_a_report_names_the_hardware_of_its_runs_not_the_machine_remaking_it():

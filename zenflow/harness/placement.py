@@ -23,8 +23,10 @@ with more, OpenMP's team threads keep the mask they were created with, which the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -73,13 +75,14 @@ class PhaseSwitch:
     the device cores for the device's (`cores` None: shared, it only notes where each phase ran). Each side's log:
     the masks it ran under, the CPUs it ran on, how many phases; plus the switches made and their time.
 
-    A block's end moves nothing yet (`leave(lazy=True)`): the next block or `settle()` does, if the side changes.
-    A sync step's host blocks come one after another (each parameter's copy, then its add; the update; each upload),
-    and a move costs a migration (~60 µs on this VM): moving back after each would add ~100 of them to every
-    ZeRO-Offload step, 6% of the cpu-scale step. Device work between two host blocks would run on the host cores;
-    in our optimizers there is none but the whole-rows upload's rewrite of the selected columns after the uploads,
-    which runs while the host side is idle (the same core speed, no contention). The run loop settles before every
-    forward and after every optimizer step (Session)."""
+    Inside the optimizer step (`lazy`, set by the run loop) a block's end moves nothing yet: the next block or
+    `settle()` does, if the side changes. A sync step's host blocks come one after another (each parameter's copy,
+    then its add; the update; each upload), and a move costs a migration (~60 µs on this VM): moving back after each
+    would add ~100 of them to every ZeRO-Offload step, 6% of the cpu-scale step. Device work between two host blocks
+    of a step would run on the host cores; in our optimizers there is none but the whole-rows upload's rewrite of the
+    selected columns after the uploads, which runs while the host side is idle (the same core speed, no contention).
+    Outside it (a copy in a backward hook: ref-offload-overlap) the move back is at once: backward goes on after it.
+    The run loop settles after every optimizer step (Session)."""
 
     def __init__(self, cores: dict[str, list[int]] | None) -> None:
         self.cores = cores
@@ -88,6 +91,7 @@ class PhaseSwitch:
         self.log: dict[str, dict[str, Any]] = {side: {"masks": set(), "ran_on": set(), "phases": 0}
                                                for side in (DEVICE, HOST)}
         self.switches, self.switch_s = 0, 0.0
+        self.lazy = False  # inside the optimizer step: a block's end moves nothing until the next block or settle()
 
     def on_transfer(self, direction: str, kind: str, nbytes: int) -> None:
         pass  # bytes are the timeline's
@@ -96,7 +100,7 @@ class PhaseSwitch:
         self.enter(HOST if what in HOST_BLOCKS else DEVICE)
 
     def on_block_end(self, what: str) -> None:
-        self.leave(lazy=True)
+        self.leave(lazy=self.lazy)
 
     def enter(self, side: str) -> None:
         self.sides.append(side)
@@ -160,9 +164,15 @@ class Placement:
 
             self.notes += place_deepspeed(engine, self.switch)
 
-    def settle(self) -> None:
-        """On the device's cores again (the run loop: before forward, after the optimizer step)."""
-        self.switch.settle()
+    @contextlib.contextmanager
+    def optimizer_step(self) -> Iterator[None]:
+        """The run loop's optimizer step: its host blocks hand the cores back lazily, and all at its end."""
+        self.switch.lazy = True
+        try:
+            yield
+        finally:
+            self.switch.lazy = False
+            self.switch.settle()
 
     def note_device(self) -> None:
         """The training thread after forward and backward: a device phase."""

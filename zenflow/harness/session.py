@@ -175,8 +175,8 @@ class Session:
             loss = self.engine.forward_backward(next(self.batches))
             self.placement.note_device()
             self.timeline.mark("backward")
-            kind = self.engine.optimizer_step()
-            self.placement.settle()  # a split: the step's last host phase hands the device's cores back
+            with self.placement.optimizer_step():  # a split: the step's last host phase hands the cores back
+                kind = self.engine.optimizer_step()
             self.timeline.mark("optimizer", stall_since="backward" if self.engine.stall_includes_io else None)
             timing.loss = loss.item()  # device->host sync point, once per step: the next step starts device-idle
             timing.kind = "warmup" if self.i < self.warmup_steps else kind
