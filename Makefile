@@ -118,6 +118,13 @@ reproduce-glue-study: install
 reproduce-knobs: install
 	$(PY) reproduce/knobs.py $(if $(BUDGET),--budget-min $(BUDGET)) $(ARGS)
 
+# The claims in their regime (issue 42): every engine at the split placement (the GPU analog: device work on the device
+# cores, host work on the host cores), swept over tokens per step, 3 interleaved rounds (≈30 min on the 2-core VM;
+# results/regime/<hw>/: regime.md/.csv, regime.png, each point's tables). ARGS=--smoke: the tiny model, two points.
+.PHONY: reproduce-regime
+reproduce-regime: install
+	$(PY) reproduce/regime.py $(ARGS)
+
 # GLUE parity: MiniLM on SST-2 and MRPC, five engines, three seeds (≈40 min on a quiet 2-core Intel Xeon; docs/glue.md).
 reproduce-glue: install
 	$(PY) reproduce/glue.py $(if $(MODEL),--model $(MODEL)) $(ARGS)
