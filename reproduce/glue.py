@@ -70,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="fp32" if not torch.cuda.is_available() else "bf16",
                     choices=["fp32", "bf16", "fp16"])
     cli.add_knobs(ap, GLUE_BLOCK)  # a setting other than the default gets an output folder of its own
+    cli.add_placement(ap)  # split: its own placement-split/ subfolder
     ap.add_argument("--warmup-steps", type=cli.int_at_least(0), default=4,
                     help="training steps left out of the step-time stats")
     ap.add_argument("--out", type=cli.out_folder, default=None, help="default: results/glue/<hardware-id>")
@@ -83,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for option in ("--tasks", "--engines", "--seeds"):
         cli.distinct(ap, option, getattr(args, option[2:]))
     args.block = cli.knobs_block(ap, args, GLUE_BLOCK)
+    cli.check_placement_args(ap, args, torch.cuda.is_available())
     if args.full and args.train_examples:
         ap.error(f"argument --train-examples: {args.train_examples} with --full: expected one of them (--full trains "
                  "on whole training sets)")
@@ -97,13 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, without its warning
     env = capture_environment()
-    out = args.out or ROOT / "results" / "glue" / env["hardware_id"] / cli.setting_name(args.block, GLUE_BLOCK)
+    out = args.out or ROOT / "results" / "glue" / env["hardware_id"] / cli.setting_name(
+        args.block, GLUE_BLOCK) / cli.placement_name(args.placement)
     report = partial(parity_report, env=env)
     if args.report_only:
         problem = report_existing(out, report)
         return cli.refuse(problem) if problem else 0
     problem = (cli.folder_problem(out) or cli.unfinished_problem(out, args.resume)
-               or cli.setting_problem(out, args.block))
+               or cli.setting_problem(out, args.block) or cli.placement_problem(out, args.placement))
     if problem:
         return cli.refuse(f"argument --out: {str(out)!r} {problem}")
     try:
@@ -130,7 +133,8 @@ def plan(args: argparse.Namespace, tasks: list[str], model: str) -> list[Planned
                 cfg = deepspeed_config(engine, args.block, args.dtype, args.micro_batch, lr=args.lr,
                                        weight_decay=0.01, clipping=1.0, cuda=torch.cuda.is_available())
                 spec = RunSpec(engine=engine, label=f"glue/{task}", workload=workload, ds_config=cfg,
-                               warmup_steps=args.warmup_steps, timed_steps=0, progress=False, extra={"seed": seed})
+                               warmup_steps=args.warmup_steps, timed_steps=0, progress=False, extra={"seed": seed},
+                               placement=args.placement)
                 planned.append(PlannedRun(f"{task}-{engine}-s{seed}.json", spec))
     return planned
 

@@ -14,6 +14,7 @@ import torch
 
 from zenflow import ZenFlowAdamW
 from zenflow.harness import cli
+from zenflow.harness.engines.classes import ZenFlowEngine
 from zenflow.harness.engines.registry import unavailable
 from zenflow.harness.placement import (
     DEVICE,
@@ -36,11 +37,12 @@ TWO_CORES = len(os.sched_getaffinity(0)) >= 2
 needs_two_cores = pytest.mark.skipif(not TWO_CORES, reason="a split needs two cores; this runner has one")
 
 
-class _Engine:
-    """What Placement.bind reads of an engine: its name, placed_by and optimizer."""
+class _Engine(ZenFlowEngine):
+    """ref-offload's engine class around an optimizer built here (what Placement.bind reads: name, placed_by and
+    attach_placement, which attaches the observer to the optimizer)."""
 
     def __init__(self, optimizer: ZenFlowAdamW) -> None:
-        self.name, self.placed_by, self.optimizer = "ref-offload", "observers", optimizer
+        self.name, self.optimizer = "ref-offload", optimizer
 
 
 def _train_in_a_thread(make_placement, steps: int = 3) -> dict:

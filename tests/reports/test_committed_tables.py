@@ -19,6 +19,7 @@ from zenflow.reports.cores import cores_report
 from zenflow.reports.costmodel import committed_runs, write_falsifiable, write_projection, write_validation
 from zenflow.reports.glue import parity_report
 from zenflow.reports.glue_study import SETTINGS, study_report
+from zenflow.reports.regime import by_point, regime_report
 from zenflow.reports.scaling import scaling_report
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -97,3 +98,12 @@ def test_knobs_table_regenerates_byte_identical(folder: Path, tmp_path: Path, ca
     by_workload = {w: study_records(folder / WORKLOADS[w]) for w in WORKLOADS if (folder / WORKLOADS[w]).is_dir()}
     knobs_report({w: r for w, r in by_workload.items() if r}, tmp_path, NO_ENV)
     _same_files(folder, tmp_path, ("knobs.md", "knobs.csv", "verdict.json"))
+
+
+@pytest.mark.parametrize("folder", _sets("regime/**/regime.md"), ids=lambda p: str(p.relative_to(RESULTS)))
+def test_regime_tables_regenerate_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    records = read_records(folder)
+    regime_report(records, tmp_path, NO_ENV)
+    _same_files(folder, tmp_path, ("regime.md", "regime.csv"))
+    for tokens in by_point(records):  # each point's own scenario tables
+        _same_files(folder / f"tokens-{tokens}", tmp_path / f"tokens-{tokens}", ("table.md", "table.csv", "ratios.csv"))

@@ -79,9 +79,10 @@ def runs_source(hw: str, root: Path = ROOT, runs: str = "full") -> str:
 
 def measured(folder: Path) -> dict[str, dict[str, float]]:
     """Per engine, medians over its runs of the summary values (runs without telemetry excluded; runs on a quiet
-    machine when there are any)."""
+    machine when there are any; the shared placement only: the model's cores are shared, docs/cost-model.md)."""
     out: dict[str, dict[str, float]] = {}
-    runs = [r for r in read_records(folder) if r.status == "ok" and r.protocol.get("telemetry", True)]
+    runs = [r for r in read_records(folder) if r.status == "ok" and r.protocol.get("telemetry", True)
+            and r.protocol.get("placement", "shared") == "shared"]
     for engine in sorted({r.engine for r in runs}):
         all_runs = [r for r in runs if r.engine == engine]
         quiet = [r for r in all_runs if r.protocol.get("neighbour_busy_fraction", 0.0) < QUIET]

@@ -155,14 +155,11 @@ class Placement:
         return None
 
     def bind(self, engine: Any) -> None:
-        """Attach the phase log to the engine (and, split, move its phases)."""
+        """Attach the phase log to the engine (and, split, move its phases): the engine's class says how
+        (`Engine.attach_placement`, by its `placed_by`)."""
         self.placed_by = getattr(engine, "placed_by", None)
-        if self.placed_by == "observers":
-            engine.optimizer.add_observer(self.switch)
-        elif self.placed_by == "deepspeed":
-            from zenflow.harness.engines.ds_placement import place_deepspeed
-
-            self.notes += place_deepspeed(engine, self.switch)
+        if self.placed_by is not None:
+            self.notes += engine.attach_placement(self.switch)
 
     @contextlib.contextmanager
     def optimizer_step(self) -> Iterator[None]:

@@ -14,7 +14,9 @@ import torch
 
 from zenflow import ZenFlowAdamW
 from zenflow.harness.engines.ds_divergences import repair_zenflow_weight_view, weight_view_record
+from zenflow.harness.engines.ds_placement import place_deepspeed
 from zenflow.harness.engines.process import join_ranks, pin_deepspeed_to_cpu, resolve_device, single_process_env
+from zenflow.harness.placement import PhaseSwitch
 from zenflow.overlapped_offload import OverlappedOffloadAdamW
 from zenflow.telemetry.timeline import StepTimeline
 
@@ -67,6 +69,11 @@ class Engine:
         it made (DeepSpeed's default never re-selects, DeepSpeed PR #8456); None for the others."""
         return None
 
+    def attach_placement(self, switch: PhaseSwitch) -> list[str]:
+        """Let a placement's observer see this engine's host phases (harness/placement.py); the record's notes on
+        where what runs. The base: no host phase to see (placed_by "device")."""
+        return []
+
     def close(self) -> None:
         pass
 
@@ -118,6 +125,10 @@ class ObservedEngine(TorchEngine):
         super().__init__(*args, **kwargs)
         if self.telemetry:
             self.optimizer.add_observer(self.timeline)
+
+    def attach_placement(self, switch: PhaseSwitch) -> list[str]:
+        self.optimizer.add_observer(switch)  # after the timeline: a block's move is booked inside the block
+        return []
 
     def transfer_bytes(self) -> dict[str, int] | None:
         return {f"{d}_{k}": n for (d, k), n in self.optimizer.transfer_bytes.items()}
@@ -250,6 +261,9 @@ class DeepSpeedEngine(Engine):
         if hasattr(engine, "_is_zenflow_update_boundary"):
             engine._is_zenflow_update_boundary = _noting(engine._is_zenflow_update_boundary, self.updated_at,
                                                          lambda: engine.global_steps)
+
+    def attach_placement(self, switch: PhaseSwitch) -> list[str]:
+        return place_deepspeed(self, switch)  # CPU Adam on the host cores, ZenFlow's process checked
 
     def zenflow_facts(self) -> dict[str, Any] | None:
         if not self.ds_config["zero_optimization"].get("zenflow"):
