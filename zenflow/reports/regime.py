@@ -180,8 +180,8 @@ def figure(rows: list[dict[str, Any]], paper: dict[str, Any] | None, path: Path,
         ax.errorbar([r["rho"] for r in pts], [r[f"{fast}/{slow}"] for r in pts], yerr=[low, high], fmt="o-",
                     color=f"C{i}", capsize=3, lw=1, label=f"{fast} ÷ {slow} (measured, 95%)")
     rhos = [r["rho"] for r in rows if r["rho"]]
-    span = [min(rhos + [0.1]) * 10 ** (k / 50) for k in range(0, 51)]
-    span = [x for x in span if x <= max(rhos + [20.0]) * 1.5]
+    first, last = min(rhos) / 1.5, max(rhos + [paper["rho_blog"] if paper else 0.0, 1.0]) * 1.5  # the paper's too
+    span = [first * (last / first) ** (k / 100) for k in range(101)]
     block = next((r for r in rows if r["ideal"]), None)
     if block:
         u, topk = block["update_interval"], block["topk_ratio"]
@@ -198,6 +198,6 @@ def figure(rows: list[dict[str, Any]], paper: dict[str, Any] | None, path: Path,
                     color="black", capsize=4, label=f"paper Fig. 1 A100 {lo}–{hi}×, at the blog's ρ")
     ax.set(xscale="log", xlabel="ρ = ZeRO-Offload's (host stall + exposed copies) / device compute, measured",
            ylabel="speedup (cycle mean ratio)")
-    ax.set_title(f"Speedup against ρ, cpu-scale GPU analog (split placement)\n{label}", fontsize=9)
+    ax.set_title(f"Speedup against the measured ρ, every engine in the GPU analog\n{label}", fontsize=9)
     ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     save_figure(fig, path)
