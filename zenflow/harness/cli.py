@@ -18,7 +18,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -165,17 +165,22 @@ def placement_name(placement: str) -> str:
 
 def placement_problem(out: Path, placement: str) -> str | None:
     """Why `out` cannot take runs at `placement`: its records (or its unfinished plan's) ran at another one."""
+    for path, record in _records_in(out):
+        theirs = record.protocol.get("placement", "shared")
+        if theirs != placement:
+            return (f"holds runs at placement {theirs} ({path.name}): expected a folder of its own (leave --out "
+                    "unset: the default names the placement)")
+    return None
+
+
+def _records_in(out: Path) -> Iterator[tuple[Path, RunRecord]]:
+    """The readable records of `out` and of its unfinished plan (`.partial/`), with their paths."""
     for folder in (out, out / PARTIAL):
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
             try:
-                record = RunRecord.read(path)
+                yield path, RunRecord.read(path)
             except RecordError:
                 continue
-            theirs = record.protocol.get("placement", "shared")
-            if theirs != placement:
-                return (f"holds runs at placement {theirs} ({path.name}): expected a folder of its own (leave --out "
-                        "unset: the default names the placement)")
-    return None
 
 
 def setting_name(block: dict[str, Any], default: dict[str, Any]) -> str:
@@ -188,18 +193,13 @@ def setting_name(block: dict[str, Any], default: dict[str, Any]) -> str:
 def setting_problem(out: Path, block: dict[str, Any]) -> str | None:
     """Why `out` cannot take runs of `block`: its records (or its unfinished plan's) ran a ZenFlow engine with
     other knobs. None when it can."""
-    for folder in (out, out / PARTIAL):
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-            try:
-                record = RunRecord.read(path)
-            except RecordError:
-                continue
-            theirs = ((record.config.get("zero_optimization") or {}).get("zenflow") or {})
-            other = {f: theirs[f] for f in KNOBS.values() if f in theirs and theirs[f] != block[f]}
-            if other and getattr(ENGINE_SPECS.get(record.engine), "zenflow_block", None) == ASKED:  # the run's block
-                return (f"holds runs of another ZenFlow setting ({path.name}: "
-                        + ", ".join(f"{f} {v}" for f, v in other.items())
-                        + "): expected a folder of its own (leave --out unset: the default names the setting)")
+    for path, record in _records_in(out):
+        theirs = ((record.config.get("zero_optimization") or {}).get("zenflow") or {})
+        other = {f: theirs[f] for f in KNOBS.values() if f in theirs and theirs[f] != block[f]}
+        if other and getattr(ENGINE_SPECS.get(record.engine), "zenflow_block", None) == ASKED:  # the run's block
+            return (f"holds runs of another ZenFlow setting ({path.name}: "
+                    + ", ".join(f"{f} {v}" for f, v in other.items())
+                    + "): expected a folder of its own (leave --out unset: the default names the setting)")
     return None
 
 

@@ -67,14 +67,22 @@ def run_placement(record: RunRecord) -> str:
 
 def check_one_placement(records: Sequence[RunRecord]) -> None:
     """Refuse to tabulate (or compare) runs of different placements together."""
-    found: dict[str, set[str]] = {}
+    _check_one(records, run_placement, "placement", MixedPlacementError(
+        "records of different placements in one table ({found}): a split run (the GPU analog) is not comparable "
+        "with a shared one; tabulate each placement separately"))
+
+
+def _check_one(records: Sequence[RunRecord], key: Any, what: str, error: ValueError, ok_only: bool = False) -> None:
+    """Raise `error` (its message's {found}: each value of `key` with its engines) when the records hold more
+    than one value of `key` (of the ok ones only, `ok_only`)."""
+    found: dict[Any, set[str]] = {}
     for r in records:
-        found.setdefault(run_placement(r), set()).add(r.engine)
+        if r.status == "ok" or not ok_only:
+            found.setdefault(key(r), set()).add(r.engine)
     if len(found) > 1:
-        listed = "; ".join(f"placement {p}: {', '.join(sorted(engines, key=engine_rank))}"
-                           for p, engines in sorted(found.items()))
-        raise MixedPlacementError(f"records of different placements in one table ({listed}): a split run (the GPU "
-                                  "analog) is not comparable with a shared one; tabulate each placement separately")
+        listed = "; ".join(f"{what} {value}: {', '.join(sorted(engines, key=engine_rank))}"
+                           for value, engines in sorted(found.items()))
+        raise type(error)(str(error.args[0]).format(found=listed))
 
 
 class MixedWorldSizeError(ValueError):
@@ -88,15 +96,9 @@ def run_world_size(record: RunRecord) -> int:
 
 def check_one_world_size(records: Sequence[RunRecord]) -> None:
     """Refuse to tabulate runs of different world sizes together."""
-    sizes: dict[int, set[str]] = {}
-    for r in records:
-        if r.status == "ok":
-            sizes.setdefault(run_world_size(r), set()).add(r.engine)
-    if len(sizes) > 1:
-        found = "; ".join(f"world size {n}: {', '.join(sorted(engines, key=engine_rank))}"
-                          for n, engines in sorted(sizes.items()))
-        raise MixedWorldSizeError(f"records of different world sizes in one table ({found}): a multi-GPU DeepSpeed "
-                                  "run is not comparable with single-GPU runs; tabulate each world size separately")
+    _check_one(records, run_world_size, "world size", MixedWorldSizeError(
+        "records of different world sizes in one table ({found}): a multi-GPU DeepSpeed run is not comparable with "
+        "single-GPU runs; tabulate each world size separately"), ok_only=True)
 
 
 def cycles_by_repeat(records: Sequence[RunRecord]) -> dict[str, dict[int, float]]:
