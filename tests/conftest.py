@@ -70,6 +70,24 @@ def feed():
     return _feed
 
 
+# ---- the cores every test starts on --------------------------------------------------------------------------------
+# An in-process optimizer whose worker started (overlap_step) pins pytest's own thread to its compute cores until it
+# is closed, and a test that never closes one leaves the next tests on one core: a split placement then has nothing
+# to split (CI 2026-11-29: three placement tests refused "1 core(s)" after 1400 tests had run). So each test starts
+# on the cores and threads the session started with, whatever the tests before it left.
+_START_LAYOUT = (os.sched_getaffinity(0), None) if hasattr(os, "sched_getaffinity") else None
+
+
+@pytest.fixture(autouse=True)
+def _cores_as_the_session_started():
+    if _START_LAYOUT is not None and os.sched_getaffinity(0) != _START_LAYOUT[0]:
+        import torch
+
+        os.sched_setaffinity(0, _START_LAYOUT[0])
+        torch.set_num_threads(len(_START_LAYOUT[0]))
+    yield
+
+
 # ---- cost tiers -------------------------------------------------------------------------------------------------
 # A marker stands for what a test costs (pyproject.toml lists them; tests/README.md says which to run when). `make
 # test-fast` deselects `slow`; CI runs everything. Markers come from the fixtures a test uses, so nobody has to

@@ -270,8 +270,9 @@ def test_a_report_names_the_hardware_of_its_runs_not_the_machine_remaking_it():
 
     here = {"cpu": {"model": "Machine Remaking The Report", "allowed_cores": 8}}
     assert runs_hardware_label([record(None), record("Intel(R) Xeon(R) Processor")], here) == \
-        "cpu-scale: 2-core Intel Xeon Processor (no GPU)"
-    assert runs_hardware_label([record(None)], here) == "cpu-scale: 8-core Machine Remaking The Report (no GPU)"
+        "cpu-scale: 2-core Intel Xeon Processor (no GPU), placement shared"
+    assert runs_hardware_label([record(None)], here) == \
+        "cpu-scale: 8-core Machine Remaking The Report (no GPU), placement shared"
 
 
 def test_engines_sort_in_the_report_order_then_by_name():
