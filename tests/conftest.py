@@ -73,7 +73,8 @@ def feed():
 # ---- the cores every test starts on --------------------------------------------------------------------------------
 # An in-process optimizer whose worker started (overlap_step) pins pytest's own thread to its compute cores until it
 # is closed, and a test that never closes one leaves the next tests on one core: a split placement then has nothing
-# to split (CI 2026-11-29: three placement tests refused "1 core(s)" after 1400 tests had run). So each test starts
+# to split (CI 2026-11-29: three placement tests refused "1 core(s)" after 1400 tests had run; the leak was
+# test_hf_trainer.py's interrupted Trainer, whose exception skips on_train_end and so the close). So each test starts
 # on the cores and threads the session started with, whatever the tests before it left.
 _START_LAYOUT = (os.sched_getaffinity(0), None) if hasattr(os, "sched_getaffinity") else None
 
