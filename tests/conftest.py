@@ -76,16 +76,15 @@ def feed():
 # to split (CI 2026-11-29: three placement tests refused "1 core(s)" after 1400 tests had run; the leak was
 # test_hf_trainer.py's interrupted Trainer, whose exception skips on_train_end and so the close). So each test starts
 # on the cores and threads the session started with, whatever the tests before it left.
-_START_LAYOUT = (os.sched_getaffinity(0), None) if hasattr(os, "sched_getaffinity") else None
+_START_CORES = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
 
 
 @pytest.fixture(autouse=True)
 def _cores_as_the_session_started():
-    if _START_LAYOUT is not None and os.sched_getaffinity(0) != _START_LAYOUT[0]:
-        import torch
+    if _START_CORES is not None and os.sched_getaffinity(0) != _START_CORES:
+        from zenflow.worker import pin_thread
 
-        os.sched_setaffinity(0, _START_LAYOUT[0])
-        torch.set_num_threads(len(_START_LAYOUT[0]))
+        pin_thread(_START_CORES)
     yield
 
 

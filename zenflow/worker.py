@@ -48,8 +48,7 @@ class WorkerThread:
 
     def _run(self) -> None:
         if self.cores and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, self.cores)  # Linux: 0 is the calling thread only
-            torch.set_num_threads(len(self.cores))  # the OpenMP team of this thread only
+            pin_thread(self.cores)
         while True:
             job = self._jobs.get()
             if job is None:
@@ -131,8 +130,7 @@ class HostWorker:
         if split is not None:
             worker_cores, compute_cores = split
             self._saved_layout = (os.sched_getaffinity(0), torch.get_num_threads())
-            os.sched_setaffinity(0, compute_cores)
-            torch.set_num_threads(len(compute_cores))
+            pin_thread(compute_cores)
         self._thread = WorkerThread(split[0] if split else None)
         weakref.finalize(self, self._thread.close)  # a dropped optimizer leaves no thread behind
 
@@ -200,6 +198,13 @@ class HostWorker:
 def _hooked(hook: Callable[[str], None], kind: str, job: Callable[[], object]) -> object:
     hook(kind)  # on the worker thread
     return job()
+
+
+def pin_thread(cores: list[int] | set[int]) -> None:
+    """The calling thread on `cores` (Linux: pid 0 is the calling thread only) with one OpenMP thread per core (its
+    team is this thread's own)."""
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(len(cores))
 
 
 def reserved_cores(compute_fraction: float) -> tuple[list[int], list[int]] | None:

@@ -29,17 +29,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
-from zenflow.hooks import BLOCKS
-from zenflow.worker import reserved_cores
+from zenflow.config import ZenFlowConfig
+from zenflow.worker import pin_thread, reserved_cores
 
 PLACEMENTS = ("shared", "split")
 DEVICE, HOST = "device", "host"
 # the host's blocks: the copies' host side, the accumulation and the host AdamW; every other block is the device's
 # (a collective, a clip sync, a wait for the worker, a reselection's top-k: the device waits or computes there)
 HOST_BLOCKS = frozenset({"copy_d2h", "copy_h2d", "host_accumulate", "host_update"})
-DEVICE_BLOCKS = BLOCKS - HOST_BLOCKS
+# the share of the cores a split keeps for the device without a ZenFlow block: ZenFlow's own default, so the split
+# is the one its worker makes
+DEVICE_SHARE = ZenFlowConfig.pt_reserved_cores_perc
 PLACED_BY = ("observers", "device", "deepspeed")
 
 
@@ -54,7 +54,7 @@ def check_placement(value: object) -> str:
     return value
 
 
-def split_cores(compute_fraction: float = 0.5) -> tuple[list[int], list[int]] | None:
+def split_cores(compute_fraction: float = DEVICE_SHARE) -> tuple[list[int], list[int]] | None:
     """(device cores, host cores) of this thread's cores, as ZenFlow's worker splits them (DeepSpeed's
     `pt_reserved_cores_perc`: the share kept for compute); None with fewer than two cores."""
     split = reserved_cores(min(compute_fraction, 0.99))  # 1.0 would mean "no split": a split keeps one host core
@@ -129,8 +129,7 @@ class PhaseSwitch:
         if self.cores is None:
             return  # shared: nothing moves
         start = time.perf_counter()
-        os.sched_setaffinity(0, self.cores[side])  # Linux: 0 is the calling thread only
-        torch.set_num_threads(len(self.cores[side]))  # this thread's OpenMP team
+        pin_thread(self.cores[side])
         self.switches += 1
         self.switch_s += time.perf_counter() - start
 
@@ -208,12 +207,11 @@ class Split(Placement):
         if getattr(engine, "placed_by", None) not in PLACED_BY:
             raise PlacementError(f"placement split: {engine.name} cannot be placed (its host work is not visible "
                                  "from outside); expected an engine whose class sets placed_by")
-        os.sched_setaffinity(0, self.device)  # the training thread: the device's, from here on
-        torch.set_num_threads(len(self.device))
+        pin_thread(self.device)  # the training thread: the device's, from here on
         super().bind(engine)
 
 
-def placement_for(name: str, compute_fraction: float = 0.5) -> Placement:
+def placement_for(name: str, compute_fraction: float = DEVICE_SHARE) -> Placement:
     """The placement called `name` on this thread's cores (split: `split_cores(compute_fraction)`)."""
     if check_placement(name) == "shared":
         return Shared()

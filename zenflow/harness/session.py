@@ -27,7 +27,7 @@ import torch
 from zenflow.harness.engines.build import init_warnings, make_engine
 from zenflow.harness.engines.registry import engine_spec, is_deepspeed
 from zenflow.harness.glue.workload import GlueWorkload
-from zenflow.harness.placement import check_placement, placement_for
+from zenflow.harness.placement import DEVICE_SHARE, check_placement, placement_for
 from zenflow.harness.processes import bind_rank_cores
 from zenflow.harness.records import RunRecord, summarize_steps
 from zenflow.harness.when import utc_now
@@ -269,9 +269,9 @@ def failed_record(spec: RunSpec, error: str, stderr_tail: str = "", status: str 
 
 def compute_share(ds_config: dict[str, Any]) -> float:
     """The share of the cores a split keeps for the device: the run's `pt_reserved_cores_perc` (its ZenFlow block),
-    so the split is the one ZenFlow's worker makes; 0.5 without one."""
+    so the split is the one ZenFlow's worker makes; ZenFlow's default without one."""
     block = (ds_config.get("zero_optimization") or {}).get("zenflow") or {}
-    return float(block.get("pt_reserved_cores_perc", 0.5))
+    return float(block.get("pt_reserved_cores_perc", DEVICE_SHARE))
 
 
 def peak_rss_bytes() -> int:

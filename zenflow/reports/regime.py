@@ -76,11 +76,11 @@ def point_row(tokens: int, records: list[RunRecord]) -> dict[str, Any]:
                            "ref_zenflow_ms": zen and zen["cycle_mean_ms"]}
     for fast, slow, _ in SPEEDUPS:
         row |= columns(f"{fast}/{slow}", speedup(pairs, slow, fast))
-    trace = {t["engine"]: t for t in trace_rows(records) if t.get("engine") == ZENFLOW}
+    trace = next((t for t in trace_rows(records) if t.get("engine") == ZENFLOW), {})
     interval, topk = block.get("update_interval"), block.get("topk_ratio")
     row |= {"update_interval": interval, "topk_ratio": topk, "stall_reduction": zen and zen["stall_reduction"],
             "zenflow_bytes_ratio": zen and zen["bytes_ratio"], "offload_bytes_ratio": off and off["bytes_ratio"],
-            "hidden_share": trace.get(ZENFLOW, {}).get("hidden_share"),
+            "hidden_share": trace.get("hidden_share"),
             "ideal": (ideal_speedup(rho, interval, topk) if rho is not None and isinstance(interval, int)
                       and topk is not None else None)}
     return row

@@ -18,9 +18,8 @@ import functools
 import os
 from typing import Any
 
-import torch
-
 from zenflow.harness.placement import HOST, PhaseSwitch, PlacementError
+from zenflow.worker import pin_thread
 
 COPIES_NOTE = ("DeepSpeed's gradient copies (backward hooks) and the weights' copy back stay on the device cores; "
                "its CPU Adam runs on the host cores")
@@ -64,8 +63,7 @@ def _widened(start: Any, zero: Any, switch: PhaseSwitch) -> Any:
         try:
             result = start()
         finally:
-            os.sched_setaffinity(0, device)
-            torch.set_num_threads(len(device))
+            pin_thread(device)
         proc = getattr(zero, "process", None)
         got = sorted(os.sched_getaffinity(proc.pid)) if proc is not None and proc.is_alive() else None
         if got != sorted(host):
