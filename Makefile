@@ -119,11 +119,17 @@ reproduce-knobs: install
 	$(PY) reproduce/knobs.py $(if $(BUDGET),--budget-min $(BUDGET)) $(ARGS)
 
 # The claims in their regime (issue 42): every engine at the split placement (the GPU analog: device work on the device
-# cores, host work on the host cores), swept over tokens per step, 3 interleaved rounds (≈30 min on the 2-core VM;
-# results/regime/<hw>/: regime.md/.csv, regime.png, each point's tables). ARGS=--smoke: the tiny model, two points.
-.PHONY: reproduce-regime
+# cores, host work on the host cores), swept over tokens per step, 3 interleaved rounds, after the cost model's
+# calibration of the day (≈12 + 30 min on the 2-core VM; results/regime/<hw>/: regime.md/.csv, regime.png, each point's
+# tables, costmodel/ the model along the sweep). ARGS=--smoke: the tiny model, two points; ARGS=--no-calibrate.
+.PHONY: reproduce-regime reproduce-regime-convergence
 reproduce-regime: install
 	$(PY) reproduce/regime.py $(ARGS)
+
+# C6 in the GPU analog: Llama convergence at the sweep's analog point (regime.csv), 5 rounds (≈30 min on the 2-core VM;
+# results/regime/<hw>/convergence/). ARGS=--resume continues it.
+reproduce-regime-convergence: install
+	$(PY) reproduce/regime.py --convergence $(ARGS)
 
 # GLUE parity: MiniLM on SST-2 and MRPC, five engines, three seeds (≈40 min on a quiet 2-core Intel Xeon; docs/glue.md).
 reproduce-glue: install

@@ -26,6 +26,7 @@ import pytest
 from zenflow.config import ConfigError, ZenFlowConfig
 from zenflow.harness.cli import interval
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK
+from zenflow.harness.placement import check_placement
 from zenflow.telemetry.environment import capture_environment, visible_gpus
 
 DEFAULT_STORAGE = "file://./.benchmarks"  # pytest-benchmark's own default
@@ -106,8 +107,24 @@ def check_interval_knob() -> None:
         raise pytest.UsageError(f"ZENFLOW_BENCH_INTERVAL: {exc}") from None
 
 
+def check_placement_knob() -> None:
+    """ZENFLOW_BENCH_PLACEMENT (bench/test_train_step.py): one of PLACEMENTS, split with two cores at least;
+    otherwise one line and pytest's usage-error exit, before any collection."""
+    value = os.environ.get("ZENFLOW_BENCH_PLACEMENT")
+    if not value:
+        return
+    try:
+        check_placement(value)
+    except ValueError as exc:
+        raise pytest.UsageError(f"ZENFLOW_BENCH_PLACEMENT: {exc}") from None
+    if value == "split" and len(os.sched_getaffinity(0)) < 2:
+        raise pytest.UsageError(f"ZENFLOW_BENCH_PLACEMENT: 'split' needs 2 cores, this process has "
+                                f"{len(os.sched_getaffinity(0))}: expected 'shared' here")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     check_interval_knob()
+    check_placement_knob()
     # Runs before pytest-benchmark's own pytest_configure (trylast), which reads these options.
     configure_benchmark_options(config.option)
     _LOAD_AT_START[:] = _load_average() or []

@@ -3,6 +3,8 @@
     .venv/bin/python -m pytest bench/test_train_step.py --benchmark-only
     ZENFLOW_BENCH_SMALL=1 ...          # a tiny Llama (workload id "cpu-scale-small", so it is never compared with
                                        # the real shape) and 5 rounds: the least the compare command accepts
+    ZENFLOW_BENCH_PLACEMENT=split ...  # the GPU analog: every engine's device work on one core, its host work on
+                                       # the other (workload id "...-split"; cpu-scale only)
 
 With --benchmark-disable (the smoke run of `make test`) each engine runs one round; the two DeepSpeed engines are
 skipped there unless ZENFLOW_BENCH_SMOKE_DEEPSPEED=1 (they need ~15 s each to start; tests/ runs DeepSpeed anyway).
@@ -38,6 +40,10 @@ from zenflow.harness.stepper import SteppedEngine
 
 SMALL = os.environ.get("ZENFLOW_BENCH_SMALL", "0") not in ("", "0")
 CUDA = torch.cuda.is_available()
+# $ZENFLOW_BENCH_PLACEMENT (bench/conftest.py checked it): shared (default) or split, the GPU analog (docs/design.md
+# §3); split is in the workload's id, so the two placements' benchmarks and records never meet
+PLACEMENT = os.environ.get("ZENFLOW_BENCH_PLACEMENT") or "shared"
+PLACED = "" if PLACEMENT == "shared" else f"-{PLACEMENT}"
 # $ZENFLOW_BENCH_INTERVAL (bench/conftest.py checked it): DeepSpeedExamples' 4, another integer or "auto"; any other
 # than 4 is in the workload's id, so its benchmarks and records never meet the default's
 UPDATE_INTERVAL = interval(os.environ.get("ZENFLOW_BENCH_INTERVAL") or str(DEEPSPEED_EXAMPLES_BLOCK["update_interval"]))
@@ -50,9 +56,11 @@ TINY_SHAPE = TINY_LLAMA_SHAPE
 
 # The cpu-scale workloads run on the CPU on every host (device "cpu"), so "cpu-scale" means the same everywhere.
 WORKLOADS: dict[str, dict] = (
-    {f"cpu-scale-small{SETTING}": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, "device": "cpu", **TINY_SHAPE}}
-    if SMALL else {f"cpu-scale{SETTING}": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, "device": "cpu"}})
-if CUDA and not SMALL:  # the GPU scenario: Llama-2-7B (or $MODEL, a hub id or a local path), bf16, sequence 512
+    {f"cpu-scale-small{SETTING}{PLACED}": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16, "device": "cpu",
+                                            **TINY_SHAPE}}
+    if SMALL else {f"cpu-scale{SETTING}{PLACED}": {"model": "cpu-scale", "dtype": "bf16", "seq_len": 16,
+                                                   "device": "cpu"}})
+if CUDA and not SMALL and PLACEMENT == "shared":  # the GPU scenario: Llama-2-7B (or $MODEL), bf16, sequence 512
     WORKLOADS[f"gpu{SETTING}"] = {"model": os.environ.get("MODEL", "meta-llama/Llama-2-7b-hf"), "dtype": "bf16",
                                   "seq_len": 512}
 
@@ -68,14 +76,14 @@ def test_train_step(benchmark, bench_records_dir: Path, workload: str, engine: s
         pytest.skip("smoke mode (--benchmark-disable): DeepSpeed engines take ~15 s each to start; "
                     "ZENFLOW_BENCH_SMOKE_DEEPSPEED=1 runs them too")
     shape = WORKLOADS[workload]
-    why_not = unavailable(engine, shape.get("device", "auto"))
+    why_not = unavailable(engine, shape.get("device", "auto"), PLACEMENT)
     if why_not:  # e.g. torchao-offload on the CPU: the table's "not run here", with its reason
         pytest.skip(f"not run here: {why_not}")
     ds_config = deepspeed_config(engine, ZENFLOW_BLOCK, shape["dtype"], micro_batch=1, lr=2e-5, weight_decay=0.01,
                                  clipping=1.0, cuda=CUDA and shape.get("device") != "cpu")
     spec = RunSpec(engine=engine, label=f"bench/{workload}", workload=shape, ds_config=ds_config,
                    warmup_steps=WARMUP_ROUNDS * STEPS_PER_ROUND, timed_steps=ROUNDS * STEPS_PER_ROUND,
-                   progress=False, extra={"steps_per_round": STEPS_PER_ROUND})
+                   progress=False, placement=PLACEMENT, extra={"steps_per_round": STEPS_PER_ROUND})
     out = bench_records_dir / f"{workload}-{engine}.json"
     benchmark.group = f"train-step-{workload}"
     benchmark.extra_info.update(engine=engine, workload=workload, steps_per_round=STEPS_PER_ROUND,

@@ -95,7 +95,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--budget-min", type=cli.float_at_least(0, strict=True), default=60.0,
                     help="minutes per workload the runs still to do may take, estimated from the committed records "
                     "(default %(default)s): settings are dropped from the end of the priority order to fit")
-    ap.add_argument("--out", type=cli.out_folder, default=None, help="default: results/knobs/<hardware-id>")
+    ap.add_argument("--out", type=cli.out_folder, default=None,
+                    help="default: results/knobs/<hardware-id> (with --placement split: its placement-split/)")
+    cli.add_placement(ap)
     ap.add_argument("--smoke", action="store_true", help="a tiny Llama, 4+16 steps, 1 seed, 3 settings (< 60 s)")
     ap.add_argument("--rerun-failed", action="store_true", help="rerun DeepSpeed's runs whose record says failed")
     ap.add_argument("--resume", action="store_true", help="accepted, always on: a run whose record is here is kept")
@@ -107,6 +109,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     names = args.settings or (list(SMOKE_SETTINGS) if args.smoke else [s.name for s in SETTINGS])
     args.settings = [s for s in SETTINGS if s.name in names]  # priority order
     args.seeds = args.seeds or (1 if args.smoke else 3)
+    if not args.report_only:
+        cli.check_placement_args(ap, args, cuda=torch.cuda.is_available())
     return args
 
 
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, without its warning
     env = capture_environment()
-    out = args.out or ROOT / "results" / "knobs" / env["hardware_id"]
+    out = args.out or ROOT / "results" / "knobs" / env["hardware_id"] / cli.placement_name(args.placement)
     status = 0 if args.report_only else study(out, args, env["hardware_id"], argv)
     if status in (2, 130):  # refused before any run, or interrupted (the same command continues)
         return status
@@ -132,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def study(out: Path, args: argparse.Namespace, hw: str, argv: list[str] | None) -> int:
     """Plan, fit the budget (refused: 2, before any run), then run round by round (run_rounds' status)."""
+    problem = next((f"argument --out: {str(out / WORKLOADS[w])!r} {p}" for w in args.workloads
+                    if (p := cli.placement_problem(out / WORKLOADS[w], args.placement))), None)
+    if problem:  # two placements never share a study
+        return cli.refuse(problem)
     try:
         plans = {w: plan(w, args) for w in args.workloads}
         chosen = {w: fit(w, plans[w], out / WORKLOADS[w], args, hw) for w in args.workloads}
@@ -144,8 +152,10 @@ def plan(workload: str, args: argparse.Namespace) -> list[tuple[Setting, Planned
     """Every (setting, seed) run of `workload`, built by reproduce/llama7b.py's or reproduce/glue.py's plan() from
     the setting's block, named <setting>-s<seed>.json; checked before any run as those scripts check theirs."""
     smoke = ["--smoke"] if args.smoke else []
+    placed = ["--placement", args.placement]  # every run of the study at the study's placement
     if workload == "llama":
-        base = llama7b.parse_args(["--convergence", "--no-overhead-check", "--repeats", str(args.seeds), *smoke])
+        base = llama7b.parse_args(["--convergence", "--no-overhead-check", "--repeats", str(args.seeds), *smoke,
+                                   *placed])
         problem = local_inputs.problem(base.model, base.data, base.allow_download)
         if problem:
             raise Refused(problem)
@@ -154,7 +164,7 @@ def plan(workload: str, args: argparse.Namespace) -> list[tuple[Setting, Planned
         tiny = ["--train-examples", "32", "--eval-examples", "32", "--seq-len", "32"] if args.smoke else []
         every = "2" if args.smoke else str(GLUE_EVAL_EVERY)
         base = glue.parse_args(["--tasks", "SST-2", "--seeds", *map(str, range(args.seeds)), "--eval-every", every,
-                                *tiny])
+                                *tiny, *placed])
         tasks, model = check_inputs(base.tasks, base.glue_dir, base.model)
         default, build = GLUE_BLOCK, lambda a: glue.plan(a, tasks, model)
     if any(is_deepspeed(s.engine) for s in args.settings):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 from functools import partial
@@ -29,7 +30,9 @@ from zenflow.harness.engines.registry import is_deepspeed
 from zenflow.harness.plans import PlannedRun, execute, report_existing
 from zenflow.harness.preflight import PreflightError, check_build_locks
 from zenflow.harness.session import RunSpec
+from zenflow.harness.tables import read_csv
 from zenflow.reports.regime import regime_report
+from zenflow.reports.regime_validation import calibration_path
 from zenflow.telemetry.environment import capture_environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +48,13 @@ REGIME_ENGINES = ("ref-offload", "ref-offload-gas", "ref-zenflow", "ref-zenflow-
 TOKENS = (2, 4, 16)
 SMOKE_TOKENS = (2, 8)
 REPEATS, BASE_SEED, WARMUP, TIMED = 3, 1234, 4, 8
+# --convergence: C6's Llama half at the analog point. ds-zero-offload sets the target (C6's rule), ref-offload is our
+# own baseline beside it; 5 rounds of 168 steps (≈30 min at 2 tokens on the 2-core AMD VM).
+CONVERGENCE_ENGINES, CONVERGENCE_REPEATS = ("ds-zero-offload", "ref-offload", "ref-zenflow"), 5
+# The calibration's sequence lengths for the sweep: its points lie at 2-16 tokens, below and beside these; the cost
+# model's default third point (128) would take most of the calibration's time here (a 1-thread bf16 step of ~1 s on
+# the AMD VM: ~10 min a round) and only shapes the line above 32.
+CALIBRATION_SEQS = (8, 32)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,15 +78,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="split only: the study of the GPU analog (reproduce/llama7b.py runs either)")
     ap.add_argument("--out", type=cli.out_folder, default=None, help="default: results/regime/<hardware-id>")
     ap.add_argument("--resume", action="store_true", help="continue the unfinished plan in --out")
+    ap.add_argument("--no-calibrate", action="store_true",
+                    help="skip the cost model's calibration before the runs (≈12 min; what the sweep's validation "
+                    "predicts from: --out's costmodel/calibration.json); --smoke and a --resume that has one skip it")
     ap.add_argument("--smoke", action="store_true", help="the tiny model, two points, one round, 2+4 steps")
     ap.add_argument("--report-only", action="store_true", help="remake the report from the records in --out")
+    ap.add_argument("--convergence", action="store_true",
+                    help="C6 in the analog: Llama convergence (reproduce/llama7b.py --convergence, split placement, "
+                    f"{' '.join(CONVERGENCE_ENGINES)}) at the sweep's analog point (regime.csv in --out) into "
+                    "--out/convergence/; --repeats rounds (default 5), --resume continues it")
     args = ap.parse_args(argv)
     cli.distinct(ap, "--engines", args.engines)
     cli.distinct(ap, "--tokens", args.tokens)
     if args.smoke and args.tokens == list(TOKENS):
         args.tokens = list(SMOKE_TOKENS)
     args.tokens = sorted(args.tokens)
-    args.repeats = args.repeats or (1 if args.smoke else REPEATS)
+    args.repeats = args.repeats or (1 if args.smoke else CONVERGENCE_REPEATS if args.convergence else REPEATS)
     if not args.report_only:
         cli.check_placement_args(ap, args, cuda=False)
     return args
@@ -106,6 +123,41 @@ def plan(args: argparse.Namespace) -> list[PlannedRun]:
     return planned
 
 
+def calibrate(out: Path) -> None:
+    """The day's calibration for the sweep's cost-model validation, taken before the runs on the same machine (a
+    refused one, too unstable to keep, leaves the validation to say it has none; the runs go ahead)."""
+    path = calibration_path(out)
+    print(f"regime: calibrating the cost model first ({path}); started {time.strftime('%H:%M:%S')}", file=sys.stderr)
+    done = subprocess.run([sys.executable, "-m", "zenflow.costmodel.calibrate", "--out", str(path), "--seqs",
+                           *map(str, CALIBRATION_SEQS)], cwd=ROOT)
+    if done.returncode:
+        print(f"regime: no calibration kept (exit {done.returncode}); the runs go ahead, the sweep's validation "
+              "will say it has none", file=sys.stderr)
+
+
+def analog_tokens(out: Path) -> int | None:
+    """The tokens per step of the sweep's analog point, as `out`'s regime.csv marks it (None without one)."""
+    path = out / "regime.csv"
+    rows = read_csv(path) if path.is_file() else []
+    return next((int(r["tokens"]) for r in rows if r.get("analog_point") == "True"), None)
+
+
+def convergence(args: argparse.Namespace, out: Path) -> int:
+    """reproduce/llama7b.py --convergence at the analog point, every engine split, into <out>/convergence/."""
+    tokens = analog_tokens(out)
+    if tokens is None:
+        return cli.refuse(f"argument --convergence: {out / 'regime.csv'} marks no analog point (run the sweep "
+                          "first, or --report-only to remake it)")
+    engines = list(CONVERGENCE_ENGINES) if args.engines == list(REGIME_ENGINES) else args.engines
+    command = [sys.executable, str(ROOT / "reproduce" / "llama7b.py"), "--convergence", "--placement", "split",
+               "--seq-len", str(tokens), "--dtype", args.dtype, "--data", str(args.data), "--engines", *engines,
+               "--repeats", str(args.repeats), "--out", str(out / "convergence"),
+               *(["--resume"] if args.resume else []), *(["--smoke"] if args.smoke else [])]
+    print(f"regime: Llama convergence at the analog point ({tokens} tokens per step): {' '.join(command[1:])}",
+          file=sys.stderr)
+    return subprocess.run(command, cwd=ROOT).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
@@ -117,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         problem = report_existing(out, report)
         return cli.refuse(problem) if problem else 0
+    if args.convergence:
+        return convergence(args, out)
     problem = local_inputs.problem("cpu-scale", args.data, False)
     if problem:
         return cli.refuse(problem)
@@ -129,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             check_build_locks()  # a stale DeepSpeed op-build lock would hang every ds run with no output
     except PreflightError as exc:
         return cli.refuse(str(exc))
+    if not (args.smoke or args.no_calibrate or (args.resume and calibration_path(out).is_file())):
+        calibrate(out)
     runs = plan(args)
     print(f"regime: {len(runs)} runs ({args.repeats} rounds × {len(args.tokens)} points × {len(args.engines)} "
           f"engines), placement {args.placement}, {len(os.sched_getaffinity(0))} cores; started "

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from zenflow.harness.placement import phases_apart
 from zenflow.harness.records import RunRecord
 from zenflow.harness.runner import RunSpec
 from zenflow.harness.stepper import SteppedEngine, StepperError
@@ -42,3 +44,19 @@ def test_a_child_failure_carries_its_traceback_and_leaves_a_failed_record(spec, 
             pass
     record = RunRecord.read(out)
     assert record.status == "failed" and "WorkloadError" in record.error
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a split needs two cores")
+@pytest.mark.parametrize("placement", ["split", "shared"])
+def test_the_benchs_train_step_places_its_phases_as_asked(run_spec, tiny_workload, placement: str,
+                                                          tmp_path: Path) -> None:
+    """ZENFLOW_BENCH_PLACEMENT=split reaches the stepped child: ref-offload's host phase and its device phase ran on
+    different cores; shared, the control, runs them on the same ones."""
+    spec = run_spec("ref-offload", block={"topk_ratio": 0.0, "update_interval": 1},
+                    workload={**tiny_workload, "data": "synthetic"}, warmup_steps=1, timed_steps=2,
+                    placement=placement)
+    with SteppedEngine(spec, tmp_path / "r.json") as child:
+        child.steps(3)
+        record = child.finish()
+    assert record.status == "ok" and record.protocol["placement"] == placement
+    assert phases_apart(record.protocol.get("cores") or {}) == (placement == "split")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from zenflow.reports import claim_list, claims
+from zenflow.reports import claim_analog, claim_list, claims
 from zenflow.reports.claim import CELL_LIMIT, VERDICTS, Files
 from zenflow.reports.claims import CLAIMS, RESULTS, ClaimError
 
@@ -182,3 +182,30 @@ def test_the_hidden_share_holds_from_four_tenths(low: float | None, verdict: str
                                                   ("undecided", "undecided", "not measured here")])
 def test_auto_holds_where_the_knobs_study_could_decide(llama: str, glue: str, verdict: str) -> None:
     assert claim_list.auto_verdict({"llama_verdict": llama, "glue_verdict": glue}) == verdict
+
+
+@pytest.mark.parametrize("reached, low, high, verdict", [(5, 1.1, 1.5, "holds"), (5, 0.9, 1.3, "no difference"),
+                                                         (5, 0.6, 0.9, "does not hold"), (4, None, None,
+                                                                                          "does not hold")])
+def test_the_analog_time_to_loss_holds_only_reached_every_round_and_faster(reached, low, high, verdict) -> None:
+    n = {"reached": reached, "compared": 5, "loss_low": low, "loss_high": high}
+    assert claim_analog.time_to_loss_verdict(n) == verdict
+
+
+def test_each_analog_verdict_sits_right_under_the_claim_it_judges_again() -> None:
+    keys = [c.key for c in CLAIMS]
+    assert [k for k in keys if not k.endswith("-GA")] == [c.key for c in claim_list.CLAIMS]
+    for analog in claim_analog.CLAIMS:
+        assert keys[keys.index(analog.key) - 1] == claim_analog.PARENT[analog.key]
+        assert analog.headline.startswith(claim_analog.ANALOG)  # every such cell says where it was measured
+
+
+def test_the_analog_point_is_the_one_regime_csv_marks(tmp_path: Path) -> None:
+    sweep = tmp_path / claim_analog.SWEEP
+    sweep.parent.mkdir(parents=True)
+    sweep.write_text("tokens,rho,analog_point\n2,0.37,True\n4,0.22,False\n")
+    files = Files(tmp_path, (claim_analog.SWEEP,))
+    assert claim_analog.analog_row(files)["tokens"] == 2.0
+    sweep.write_text("tokens,rho,analog_point\n2,0.37,False\n4,0.22,False\n")  # none marked: refused, never guessed
+    with pytest.raises(ClaimError, match="analog point"):
+        claim_analog.analog_row(files)

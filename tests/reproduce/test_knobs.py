@@ -92,8 +92,8 @@ def test_an_out_folder_holding_another_setting_is_refused(tmp_path):
     assert problem and "ref-zenflow-r0.json: update_interval 2" in problem and "folder of its own" in problem
 
 
-def _collect_bench(interval: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ZENFLOW_BENCH_INTERVAL": interval, "ZENFLOW_BENCH_SMALL": "1"}
+def _collect_bench(interval: str = "", **variables: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ZENFLOW_BENCH_INTERVAL": interval, "ZENFLOW_BENCH_SMALL": "1", **variables}
     return subprocess.run([sys.executable, "-m", "pytest", "bench/", "-q", "--collect-only", "-p", "no:cacheprovider"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
@@ -107,6 +107,30 @@ def test_the_bench_measures_auto_under_names_of_its_own_and_refuses_a_bad_knob()
     refused = _collect_bench("0")
     assert refused.returncode == 4, refused.stdout + refused.stderr
     assert f"ERROR: ZENFLOW_BENCH_INTERVAL: '0' is not allowed: {ALLOWED}" in refused.stderr.strip().splitlines()
+
+
+@pytest.mark.script
+def test_the_bench_measures_the_split_under_names_of_its_own_and_refuses_a_bad_placement():
+    ids = _collect_bench(ZENFLOW_BENCH_PLACEMENT="split").stdout
+    assert "test_train_step[cpu-scale-small-split-ref-zenflow]" in ids
+    assert "test_train_step[cpu-scale-small-ref-zenflow]" not in ids  # never compared with the shared benchmarks
+    refused = _collect_bench(ZENFLOW_BENCH_PLACEMENT="sideways")
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    assert ("ERROR: ZENFLOW_BENCH_PLACEMENT: placement = 'sideways' is not allowed: expected one of ('shared', "
+            "'split')") in refused.stderr.strip().splitlines()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a split needs two cores")
+def test_the_study_at_the_split_places_every_run_and_never_shares_a_folder_with_the_other(tmp_path, capsys):
+    args = knobs.parse_args(["--workloads", "llama", "--placement", "split", "--smoke", "--out", str(tmp_path)])
+    runs = knobs.plan("llama", args)
+    assert runs and {r.spec.placement for _, r in runs} == {"split"}
+    shared = knobs.parse_args(["--workloads", "llama", "--smoke"])
+    assert {r.spec.placement for _, r in knobs.plan("llama", shared)} == {"shared"}  # the control
+    (tmp_path / "llama").mkdir()
+    RunRecord(engine="ref-offload", protocol={"placement": "shared"}).write(tmp_path / "llama" / "ref-offload-s0.json")
+    assert knobs.main(["--workloads", "llama", "--placement", "split", "--smoke", "--out", str(tmp_path)]) == 2
+    assert "placement" in capsys.readouterr().err
 
 
 def test_the_study_fits_its_budget_from_the_committed_records(tmp_path):

@@ -5,11 +5,13 @@ end to end on the tiny model (every record split, each point's own tables, the f
 from __future__ import annotations
 
 import csv
+import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import synthetic_calibration
 
 from zenflow.costmodel.sensitivity import ideal_speedup
 from zenflow.harness.placement import phases_apart
@@ -85,3 +87,34 @@ def test_reproduce_regime_smoke_runs_every_point_split_and_writes_its_tables(tmp
         assert (tmp_path / f"tokens-{tokens}" / "table.md").is_file()
     assert (tmp_path / "regime.png").is_file()
     assert "Measured ρ from" in text
+    assert "Cost model: not validated" in text  # --smoke takes no calibration: the table says so, it never guesses
+    # with the day's calibration beside the runs, the report validates the model at every point and engine
+    hardware_id = records[0].environment["hardware_id"]
+    (tmp_path / "costmodel").mkdir()
+    (tmp_path / "costmodel" / "calibration.json").write_text(json.dumps(synthetic_calibration(hardware_id)))
+    assert regime.main(["--report-only", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "costmodel" / "validation.csv", newline="") as f:
+        validated = {(int(r["seq"]), r["engine"]) for r in csv.DictReader(f)}
+    assert validated == {(t, e) for t in regime.SMOKE_TOKENS for e in ("ref-offload", "ref-zenflow", "ds-zero-offload")}
+    assert "points of our engines within 15%" in (tmp_path / "regime.md").read_text()
+    assert (tmp_path / "costmodel" / "validation.png").is_file()
+    assert [r.engine for r in read_records(tmp_path)] == [r.engine for r in records]  # no report file read as a run
+    # C6 in the analog: the convergence runs at the point regime.csv marks (here: marked by hand, the first), split
+    rows = [{**r, "analog_point": "False"} for r in rows]
+    _write_rows(tmp_path / "regime.csv", rows)
+    assert regime.main(["--convergence", "--smoke", "--out", str(tmp_path)]) == 2  # none marked: refused
+    rows[0]["analog_point"] = "True"
+    _write_rows(tmp_path / "regime.csv", rows)
+    assert regime.main(["--convergence", "--smoke", "--engines", "ref-offload", "ref-zenflow",
+                        "--out", str(tmp_path)]) == 0
+    runs = read_records(tmp_path / "convergence")
+    assert {r.engine for r in runs} == {"ref-offload", "ref-zenflow"} and {r.status for r in runs} == {"ok"}
+    assert all(r.protocol["placement"] == "split" and r.workload["seq_len"] == int(rows[0]["tokens"]) for r in runs)
+    assert (tmp_path / "convergence" / "convergence.csv").is_file()
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)

@@ -125,3 +125,21 @@ def cost_inputs(**kw: float) -> Inputs:
                 h2d_gbps=6, gather_gbps=2, scatter_gbps=2, accum_gelem_s=1.5, adamw_gelem_s=1.0,
                 accum_gelem_s_worker=0.8, adamw_gelem_s_worker=0.5, compute_slowdown=1.1, host_slowdown=1.05)
     return Inputs(**{**base, **kw})
+
+
+def _loop(fb: dict[int, float], **parts: float) -> dict:
+    return {"forward_backward_ms": {str(k): v for k, v in fb.items()}, "step_parts_ms": parts}
+
+
+def synthetic_calibration(hardware_id: str = "cpu-scale-test", column_elements: int = 1_000_000) -> dict:
+    """A calibration record of round numbers: the two-thread loops twice as fast as the one-thread ones, so a
+    prediction says which it used (tests/costmodel/test_split_placement.py computes its predictions by hand)."""
+    one = dict(device=4.0, copy_d2h=6.0, copy_h2d=5.0, host_accumulate=10.0, host_update=30.0)
+    fast, slow = {8: 20.0, 32: 30.0, 128: 70.0}, {8: 40.0, 32: 60.0, 128: 140.0}
+    return {"schema": "costmodel-calibration/1", "hardware_id": hardware_id, "column_elements": column_elements,
+            "element_bytes": 2, "model": {"dense_parameters": 0}, "calibration_seq_lens": [8, 32, 128],
+            "contention": {"compute_slowdown": 1.0, "host_slowdown": 1.0},
+            "loops": {"no_offload_2t": _loop(fast, total=8.0), "no_offload_1t": _loop(slow, total=16.0),
+                      "offload_2t": _loop(fast, **{k: v / 2 for k, v in one.items()}),
+                      "zenflow_r0_1t": _loop(slow, **one),
+                      "zenflow_r0.1_1t": _loop({k: v + 2 for k, v in slow.items()}, **{**one, "device": 5.0})}}

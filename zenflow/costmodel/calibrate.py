@@ -175,7 +175,7 @@ def agreement(a: dict[str, Any], b: dict[str, Any], bound: float = AGREEMENT_BOU
     differences under SPREAD_FLOOR_MS not counted as relative); empty when they agree. `stable_only`: compare only
     the numbers both records measured within their spread bound (forced records: the rest is what refusal is for)."""
     out = []
-    for loop in a["loops"]:
+    for loop in sorted(a["loops"].keys() & b["loops"].keys()):  # a loop only one has (added later): not compared
         for key in ("forward_backward_ms", "step_parts_ms"):
             for name, x in a["loops"][loop][key].items():
                 if stable_only and (unstable(a, loop, key, name) or unstable(b, loop, key, name)):
@@ -187,9 +187,11 @@ def agreement(a: dict[str, Any], b: dict[str, Any], bound: float = AGREEMENT_BOU
 
 
 # name: (zenflow block, or None for plain fused AdamW; threads)
+# The 1-thread loops are also the split placement's rates (docs/design.md §3: one core each side on 2 cores): the
+# device's forward+backward and optimizer on one core, the host's copies, accumulation and AdamW on the other.
 LOOPS = {"no_offload_2t": (None, 2), "offload_2t": ({"topk_ratio": 0.0, "update_interval": 1}, 2),
          "zenflow_r0.1_1t": ({"topk_ratio": 0.1, "update_interval": 1}, 1),
-         "zenflow_r0_1t": ({"topk_ratio": 0.0, "update_interval": 1}, 1)}
+         "zenflow_r0_1t": ({"topk_ratio": 0.0, "update_interval": 1}, 1), "no_offload_1t": (None, 1)}
 
 
 def measure_round(smoke: bool, seq_lens: tuple[int, ...], repeats: int) -> dict[str, dict[str, Any]]:
@@ -324,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(differ) if differ else f"agree within {AGREEMENT_BOUND:.0%} on every calibrated number")
         return 1 if differ else 0
     if args.one_round:
-        args.one_round.write_text(json.dumps(measure_round(args.smoke, tuple(args.seqs), args.repeats)))
+        write_text_atomic(args.one_round, json.dumps(measure_round(args.smoke, tuple(args.seqs), args.repeats)))
         return 0
     wait_until_quiet(args.wait_quiet)
     out = args.out or ROOT / "results" / "costmodel" / capture_environment()["hardware_id"] / "calibration.json"

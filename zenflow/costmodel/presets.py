@@ -4,6 +4,7 @@ projected). Every GPU / model number below carries its source; docs/cost-model.m
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,29 @@ def cpu_scale_inputs(cal: dict[str, Any], seq_len: int, micro_batch: int = 1) ->
         device_accum_gelem_s=1 / (b / (n * b / off["copy_d2h"] / 1e6) + off["host_accumulate"] * 1e6 / n),
         device_accum_gelem_s_overlap=1 / (b / (host_n * b / zen["copy_d2h"] / 1e6)
                                           + zen["host_accumulate"] * 1e6 / host_n))
+
+
+def split_inputs(cal: dict[str, Any], seq_len: int, micro_batch: int = 1) -> Inputs:
+    """The split placement, the GPU analog (docs/design.md §3): the device's work on one core, the host's on the
+    other, for every engine. The overlap engines already run so at the shared placement (their inputs are
+    `cpu_scale_inputs`', but for the plain copies: device accumulation's shipped sum crosses on one core too); a
+    sync engine's device phases now run on one thread and its host phases on the other core, one thread, one after
+    the other: the 1-thread loops' rates (no-offload's own 1-thread loop for no-offload)."""
+    if "no_offload_1t" not in cal["loops"]:
+        raise CostModelError("the calibration has no no_offload_1t loop (made before the split placement): "
+                             "calibrate again: python -m zenflow.costmodel.calibrate")
+    x = cpu_scale_inputs(cal, seq_len, micro_batch)
+    n, b = float(cal["column_elements"]), float(cal["element_bytes"])
+    one = cal["loops"]["zenflow_r0_1t"]["step_parts_ms"]
+    return replace(
+        x, fb_ms=fb_ms(cal, "zenflow_r0_1t", x.tokens), fb_ms_no_offload=fb_ms(cal, "no_offload_1t", x.tokens),
+        device_opt_ms=cal["loops"]["no_offload_1t"]["step_parts_ms"]["total"], device_base_ms=one["device"],
+        d2h_gbps=n * b / one["copy_d2h"] / 1e6, h2d_gbps=n * b / one["copy_h2d"] / 1e6,
+        accum_gelem_s=n / one["host_accumulate"] / 1e6, adamw_gelem_s=n / one["host_update"] / 1e6,
+        device_accum_gelem_s=x.device_accum_gelem_s_overlap)  # the device's one core, as in the overlap layout
+
+
+INPUTS = {"shared": cpu_scale_inputs, "split": split_inputs}  # the cost model's inputs at each placement
 
 
 def host_rates_per_core(cal: dict[str, Any]) -> tuple[float, float]:

@@ -77,12 +77,16 @@ def runs_source(hw: str, root: Path = ROOT, runs: str = "full") -> str:
     return "`validation/seqN/` for every sequence"
 
 
-def measured(folder: Path) -> dict[str, dict[str, float]]:
+def measured(folder: Path, placement: str = "shared") -> dict[str, dict[str, float]]:
+    """`summarize` of a folder's runs at one placement (the model's inputs differ by placement: presets.INPUTS)."""
+    return summarize([r for r in read_records(folder) if r.protocol.get("placement", "shared") == placement])
+
+
+def summarize(records: list[RunRecord]) -> dict[str, dict[str, float]]:
     """Per engine, medians over its runs of the summary values (runs without telemetry excluded; runs on a quiet
-    machine when there are any; the shared placement only: the model's cores are shared, docs/cost-model.md)."""
+    machine when there are any)."""
     out: dict[str, dict[str, float]] = {}
-    runs = [r for r in read_records(folder) if r.status == "ok" and r.protocol.get("telemetry", True)
-            and r.protocol.get("placement", "shared") == "shared"]
+    runs = [r for r in records if r.status == "ok" and r.protocol.get("telemetry", True)]
     for engine in sorted({r.engine for r in runs}):
         all_runs = [r for r in runs if r.engine == engine]
         quiet = [r for r in all_runs if r.protocol.get("neighbour_busy_fraction", 0.0) < QUIET]
@@ -95,19 +99,22 @@ def measured(folder: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def deepspeed_constants(cal: dict[str, Any], seq16: dict[str, dict[str, float]]) -> dict[str, float]:
-    """DeepSpeed on the CPU accelerator needs its own constants, fitted on the seq-16 records only: its
-    forward+backward overhead over plain torch (hooks, bucket copies), its step (CPU Adam + copies), and
-    ds-zenflow's extra time on accumulation and update steps. The other sequences then test them."""
-    fb16 = cpu_scale_inputs(cal, 16).fb_ms
-    off, zen = seq16.get("ds-zero-offload"), seq16.get("ds-zenflow")
+def deepspeed_constants(cal: dict[str, Any], at: dict[str, dict[str, float]], seq: int = 16,
+                        inputs: Callable[[dict[str, Any], int], Inputs] = cpu_scale_inputs) -> dict[str, float]:
+    """DeepSpeed on the CPU accelerator needs its own constants, fitted on one point's records only (`at`, sequence
+    `seq`): its forward+backward overhead over plain torch (hooks, bucket copies), its step (CPU Adam + copies), and
+    its ZenFlow's extra time on accumulation and update steps (ds-zenflow's, or ds-zenflow-intended's where the
+    point has no ds-zenflow). The other points then test them."""
+    fb = inputs(cal, seq).fb_ms
+    off = at.get("ds-zero-offload")
+    zen = at.get("ds-zenflow") or at.get("ds-zenflow-intended")
     k = {}
     if off:
-        k["ds_fb_overhead_ms"] = off["forward_backward_ms"] - fb16
+        k["ds_fb_overhead_ms"] = off["forward_backward_ms"] - fb
         k["ds_step_ms"] = off["stall_ms"]
     if zen and off:
-        k["dsz_accumulate_extra_ms"] = zen["accumulate_step_ms"] - fb16 - k["ds_fb_overhead_ms"]
-        k["dsz_update_extra_ms"] = zen["update_step_ms"] - fb16 - k["ds_fb_overhead_ms"]
+        k["dsz_accumulate_extra_ms"] = zen["accumulate_step_ms"] - fb - k["ds_fb_overhead_ms"]
+        k["dsz_update_extra_ms"] = zen["update_step_ms"] - fb - k["ds_fb_overhead_ms"]
         k["dsz_stall_ms"] = zen["stall_ms"]  # its engine.step() wall time per step, the same measure as measured
     return k
 
@@ -120,7 +127,7 @@ def predict_engine(engine: str, x: Inputs, ds: dict[str, float]) -> Prediction |
     if engine == "ds-zero-offload" and "ds_step_ms" in ds:
         t = fb + ds["ds_step_ms"]
         return Prediction(engine, None, t, t, fb, 0.0, ds["ds_step_ms"], 2 * x.column_params * x.dtype_bytes)
-    if engine == "ds-zenflow" and "dsz_update_extra_ms" in ds:
+    if engine in ("ds-zenflow", "ds-zenflow-intended") and "dsz_update_extra_ms" in ds:
         acc, upd = fb + ds["dsz_accumulate_extra_ms"], fb + ds["dsz_update_extra_ms"]
         cycle = (3 * acc + upd) / 4
         stall = ds["dsz_stall_ms"]
@@ -130,15 +137,22 @@ def predict_engine(engine: str, x: Inputs, ds: dict[str, float]) -> Prediction |
 
 def validation(cal: dict[str, Any], hw: str, root: Path = ROOT, runs: str = "full") -> list[dict[str, Any]]:
     """One row per (sequence, engine) with records: measured and predicted cycle, accumulate, update, stall."""
-    sets = {s: measured(f) for s, f in record_sets(hw, root, runs).items()}
-    ds = deepspeed_constants(cal, sets.get(16, {}))
+    return compare(cal, {s: measured(f) for s, f in record_sets(hw, root, runs).items()})
+
+
+def compare(cal: dict[str, Any], sets: dict[int, dict[str, dict[str, float]]],
+            inputs: Callable[[dict[str, Any], int], Inputs] = cpu_scale_inputs,
+            engines: tuple[str, ...] = VALIDATED, fitted_at: int = 16) -> list[dict[str, Any]]:
+    """One row per (sequence, engine) of `sets` (sequence -> `summarize`d runs) among `engines`, predicted from the
+    calibration alone through `inputs` (the placement's: presets.INPUTS), DeepSpeed fitted at `fitted_at`."""
+    ds = deepspeed_constants(cal, sets.get(fitted_at, {}), fitted_at, inputs)
     rows = []
-    for seq, engines in sets.items():
-        x = cpu_scale_inputs(cal, seq)
-        off = engines.get("ref-offload")
+    for seq, found in sets.items():
+        x = inputs(cal, seq)
+        off = found.get("ref-offload")
         ratio = (off["stall_ms"] + off["io_ms"]) / off["compute_ms"] if off else None
-        for engine in VALIDATED:
-            m, p = engines.get(engine), predict_engine(engine, x, ds)
+        for engine in engines:
+            m, p = found.get(engine), predict_engine(engine, x, ds)
             if not m or not p:
                 continue
             rows.append({"seq": seq, "opt_to_compute_measured": ratio, "engine": engine, "runs": m["runs"],
@@ -147,7 +161,8 @@ def validation(cal: dict[str, Any], hw: str, root: Path = ROOT, runs: str = "ful
                          "measured_accumulate_ms": m["accumulate_step_ms"], "predicted_accumulate_ms": p.accumulate_ms,
                          "measured_update_ms": m["update_step_ms"], "predicted_update_ms": p.update_ms,
                          "measured_stall_ms": m["stall_ms"], "predicted_stall_ms": p.stall_ms,
-                         "fitted_here": is_deepspeed(engine) and seq == 16, "neighbours_busy": m["neighbours"]})
+                         "fitted_here": is_deepspeed(engine) and seq == fitted_at,
+                         "neighbours_busy": m["neighbours"]})
     return rows
 
 

@@ -21,6 +21,7 @@ from zenflow.costmodel.sensitivity import ideal_speedup
 from zenflow.harness.atomic import write_text_atomic
 from zenflow.harness.records import RunRecord
 from zenflow.harness.tables import pyplot, save_figure, write_csv
+from zenflow.reports import regime_validation
 from zenflow.reports.intervals import columns, ratio_cell, row_interval
 from zenflow.reports.scenario import (
     check_one_placement,
@@ -80,7 +81,8 @@ def point_row(tokens: int, records: list[RunRecord]) -> dict[str, Any]:
     interval, topk = block.get("update_interval"), block.get("topk_ratio")
     row |= {"update_interval": interval, "topk_ratio": topk, "stall_reduction": zen and zen["stall_reduction"],
             "zenflow_bytes_ratio": zen and zen["bytes_ratio"], "offload_bytes_ratio": off and off["bytes_ratio"],
-            "hidden_share": trace.get("hidden_share"),
+            "hidden_share": trace.get("hidden_share"), "hidden_share_low": trace.get("hidden_share_low"),
+            "hidden_share_high": trace.get("hidden_share_high"),
             "ideal": (ideal_speedup(rho, interval, topk) if rho is not None and isinstance(interval, int)
                       and topk is not None else None)}
     return row
@@ -113,12 +115,14 @@ def regime_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> s
     check_one_placement(records)
     timed = [r for r in records if r.protocol.get("telemetry", True)]
     rows = []
-    for tokens, point in by_point(timed).items():
+    points = by_point(timed)
+    for tokens, point in points.items():
         scenario_report(point, out / f"tokens-{tokens}", env)
         rows.append(point_row(tokens, point))
     label = runs_hardware_label(records, env)
     hardware_id = next((r.environment.get("hardware_id") for r in records if r.environment.get("hardware_id")), None)
     paper = paper_points(hardware_id)
+    model_lines, curve = regime_validation.write(out, points, hardware_id)
     text = [f"# The claims' regime — {label}", "",
             "Every engine at each point, the points and engines interleaved round by round. ρ = ZeRO-Offload's "
             "(ref-offload's) host stall + exposed copies over its device compute, measured in the same runs "
@@ -127,6 +131,8 @@ def regime_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> s
             "(1 + ρ) / max(1, (1 − topk)·ρ / U). cpu-scale: a GPU analog at the split placement, never a GPU number.",
             "", table(rows), ""]
     near = nearest_point(rows, paper)
+    for row in rows:  # the claims page reads its analog verdicts at this row (claim_analog.py)
+        row["analog_point"] = row is near
     if paper:
         lo, hi = paper["h100"]["rho_ranges"][0] if paper["h100"]["rho_ranges"] else (None, None)
         text.append(f"- The paper's H100 range {paper['h100']['low']}–{paper['h100']['high']}× sits at ρ "
@@ -140,10 +146,11 @@ def regime_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> s
     reached = [r["rho"] for r in rows if r["rho"]]
     if reached:
         text.append(f"- Measured ρ from {min(reached):.2f} to {max(reached):.2f} over {len(rows)} points.")
+    text += model_lines
     write_text_atomic(out / "regime.md", "\n".join(text) + "\n")
     write_csv(rows, out / "regime.csv")
     if reached:
-        figure(rows, paper, out / "regime.png", label)
+        figure(rows, paper, out / "regime.png", label, curve)
     return "\n".join(text)
 
 
@@ -167,8 +174,10 @@ def _f(value: float | None, spec: str, unit: str = "") -> str:
     return "—" if value is None else f"{value:{spec}}{unit}"
 
 
-def figure(rows: list[dict[str, Any]], paper: dict[str, Any] | None, path: Path, label: str) -> None:
-    """regime.png: measured speedups against measured ρ, the ideal bound, the paper's points."""
+def figure(rows: list[dict[str, Any]], paper: dict[str, Any] | None, path: Path, label: str,
+           curve: list[dict[str, float]] | None = None) -> None:
+    """regime.png: measured speedups against measured ρ, the cost model's curve for this machine at the split
+    placement (`curve`, from the day's calibration), the ideal bound, the paper's points."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 6.4))
     for i, (fast, slow, _) in enumerate(SPEEDUPS):
@@ -187,6 +196,10 @@ def figure(rows: list[dict[str, Any]], paper: dict[str, Any] | None, path: Path,
         u, topk = block["update_interval"], block["topk_ratio"]
         ax.plot(span, [ideal_speedup(x, u, topk) for x in span], color="grey", ls="--", lw=1,
                 label=f"ideal bound (1 + ρ) / max(1, (1 − topk)·ρ / U), U = {u}, topk {topk}")
+    if curve:
+        ax.plot([c["rho"] for c in curve], [c["speedup"] for c in curve], color="C0", ls=":", lw=1.5,
+                label="cost model, split placement, the day's calibration: ref-zenflow ÷ ref-offload "
+                f"(predicted, {curve[0]['tokens']}–{curve[-1]['tokens']} tokens/step)")
     ax.axhline(1.0, color="black", lw=0.6)
     if paper:
         for j, (r0, r1) in enumerate(paper["h100"]["rho_ranges"]):

@@ -179,7 +179,8 @@ ROWS = (
                stall_baseline="ref-offload", control="ref-offload-gas", memory=mem.memory_ours,
                modelled_as="zenflow-overlap"),
     EngineSpec("ref-zenflow-da", DeviceAccumulationEngine, "ours", "beyond", zenflow_block=ASKED, cycle_rule="interval",
-               stall_baseline="ref-offload", control="ref-offload-gas", memory=mem.memory_ours),
+               stall_baseline="ref-offload", control="ref-offload-gas", memory=mem.memory_ours,
+               modelled_as="zenflow-da-overlap"),
     # ZenFlowAdamW over FSDP2's row shards: opt-in, the committed scenario tables were made without it
     EngineSpec("ref-zenflow-fsdp2", ShardedZenFlowEngine, "ours", "extra", zenflow_block=ASKED, cycle_rule="interval",
                stall_baseline="ref-offload", control="ref-offload-gas", memory=mem.memory_ours_fsdp2, opt_in=True),
