@@ -196,6 +196,7 @@ def figure(rows: list[dict[str, Any]], paper: dict[str, Any] | None, path: Path,
         u, topk = block["update_interval"], block["topk_ratio"]
         ax.plot(span, [ideal_speedup(x, u, topk) for x in span], color="grey", ls="--", lw=1,
                 label=f"ideal bound (1 + ρ) / max(1, (1 − topk)·ρ / U), U = {u}, topk {topk}")
+    curve = [c for c in curve or [] if first <= c["rho"] <= last]  # the model where the axis is: no tail to ρ → 0
     if curve:
         ax.plot([c["rho"] for c in curve], [c["speedup"] for c in curve], color="C0", ls=":", lw=1.5,
                 label="cost model, split placement, the day's calibration: ref-zenflow ÷ ref-offload "
