@@ -143,7 +143,8 @@ CLAIMS = (
           "every round and the interval includes 1; does not hold if it misses it in any round",
           ("Llama from random weights at {tokens:.0f} tokens per step, {steps} steps, {conv_runs} rounds, every "
            "engine at the split placement: step-time speedup {step} → time to ds-zero-offload's final smoothed "
-           "loss of the same round (median {target:.2f}; ref-zenflow's own final {zf_loss:.2f}) ([convergence]("
+           "loss of the same round: {to_loss} (target median {target:.2f}; ref-zenflow's own final {zf_loss:.2f}) "
+           "([convergence]("
            + CONVERGENCE + "/convergence.md)).",),
           WHERE, (("`make reproduce-regime-convergence`", f"{CONVERGENCE}/convergence.csv"),)),
     Claim("C10-GA", "C10 in the GPU analog", "example: the update half hidden", (SWEEP, SWEEP_RECORD),
