@@ -1,10 +1,12 @@
 """The claims in the regime they are about: every engine at the split placement (the GPU analog: the device's work on
 the device cores, the host's on the host cores, docs/design.md §3), swept over the tokens per step, so that the
-measured ρ (ZeRO-Offload's host work over its compute) runs from compute-bound to far past the paper's.
+measured ρ (ZeRO-Offload's host work over its compute) runs from compute-bound as far towards the paper's as the
+machine reaches; the cost model, calibrated first in the same sitting, predicts every cell (costmodel/).
 
     python reproduce/regime.py                    # what `make reproduce-regime` runs: results/regime/<hardware-id>/
     python reproduce/regime.py --tokens 2 32      # other points (a sequence of N tokens, micro-batch 1)
-    python reproduce/regime.py --report-only      # remake regime.md/.csv, regime.png and each point's tables
+    python reproduce/regime.py --report-only      # remake regime.md/.csv, regime.png, each point's tables, costmodel/
+    python reproduce/regime.py --convergence      # C6 in the analog: Llama convergence at the analog point
     python reproduce/regime.py --smoke --out DIR  # the test suite's: the tiny model, two points, one round
 
 Rounds interleave every point and engine (round r: seed SEED + r for all of them), so a drift of the machine's
