@@ -146,7 +146,8 @@ def test_every_name_a_row_points_at_is_a_row():
     # the cost model's engine for each engine it predicts: EngineSpec.modelled_as, one of the cost model's engines
     modelled = {s.name: s.modelled_as for s in registry.ROWS if s.modelled_as}
     assert modelled == {"ref-offload": "zero-offload", "ref-offload-gas": "zero-offload-gas",
-                        "ref-zenflow": "zenflow-overlap", "no-offload": "no-offload"}
+                        "ref-zenflow": "zenflow-overlap", "ref-zenflow-da": "zenflow-da-overlap",
+                        "no-offload": "no-offload"}
     assert set(modelled.values()) <= set(MODELLED_ENGINES)
 
 
