@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -103,7 +104,14 @@ def test_knobs_table_regenerates_byte_identical(folder: Path, tmp_path: Path, ca
 @pytest.mark.parametrize("folder", _sets("regime/**/regime.md"), ids=lambda p: str(p.relative_to(RESULTS)))
 def test_regime_tables_regenerate_byte_identical(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     records = read_records(folder)
+    calibration = folder / "costmodel" / "calibration.json"  # the day's, which the sweep's validation predicts from
+    if calibration.is_file():
+        (tmp_path / "costmodel").mkdir()
+        shutil.copy(calibration, tmp_path / "costmodel")
     regime_report(records, tmp_path, NO_ENV)
     _same_files(folder, tmp_path, ("regime.md", "regime.csv"))
+    if calibration.is_file():
+        _same_files(folder / "costmodel", tmp_path / "costmodel", ("validation.md", "validation.csv",
+                                                                    "validation.json"))
     for tokens in by_point(records):  # each point's own scenario tables
         _same_files(folder / f"tokens-{tokens}", tmp_path / f"tokens-{tokens}", ("table.md", "table.csv", "ratios.csv"))

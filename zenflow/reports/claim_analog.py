@@ -12,7 +12,7 @@ from typing import Any
 
 from zenflow.reports.claim import DOES_NOT_HOLD, Claim, ClaimError, Files
 from zenflow.reports.claim_list import faster, hidden_verdict, speedup_verdict, stall_verdict
-from zenflow.reports.claim_numbers import COST, EPYC, _paper_range, bounds, ran
+from zenflow.reports.claim_numbers import COST, EPYC, bounds, paper_range, ran
 from zenflow.reports.intervals import ratio_cell, row_interval
 
 REGIME = f"regime/{EPYC}"
@@ -49,8 +49,8 @@ def speedup_analog_numbers(f: Files) -> dict[str, Any]:
     n = point_numbers(f)
     row = n.pop("row")
     proj = {(r["gpu"], r["model"]): r for r in f.csv(f"{COST}/projection.csv")}
-    paper = _paper_range(proj[("a100", "Llama-2-7B")]["paper_speedup"]) \
-        + _paper_range(proj[("h100", "Llama-2-7B")]["paper_speedup"])
+    paper = paper_range(proj[("a100", "Llama-2-7B")]["paper_speedup"]) \
+        + paper_range(proj[("h100", "Llama-2-7B")]["paper_speedup"])
     return {**n, "zf": ratio_cell(row_interval(row, "ref-zenflow/ds-zero-offload")), "paper_low": min(paper),
             "ours": _ours(row), "ideal": row["ideal"],
             "ds_zf": ratio_cell(row_interval(row, "ds-zenflow-intended/ds-zero-offload")),

@@ -40,7 +40,7 @@ def bounds(row: dict[str, Any], key: str, prefix: str) -> dict[str, float | None
     return {f"{prefix}_low": row.get(f"{key}_low"), f"{prefix}_high": row.get(f"{key}_high")}
 
 
-def _paper_range(cell: str) -> list[float]:
+def paper_range(cell: str) -> list[float]:
     """The numbers of a paper cell as the projection writes it: "3.2–4.1×" → [3.2, 4.1]."""
     return [float(x) for x in cell.rstrip("×%").replace("−", "-").split("–")]
 
@@ -118,7 +118,7 @@ def speedup_numbers(f: Files) -> dict[str, Any]:
             "epyc_days": epyc_days,
             "rho_blog": inv["rho_blog"], "rho": inv["projection_rho"], "scenario": _scenario(record),
             **bounds(run["ref-zenflow"], "speedup", "zf"),
-            "paper_low": min(_paper_range(a100["paper_speedup"]) + _paper_range(h100["paper_speedup"])),
+            "paper_low": min(paper_range(a100["paper_speedup"]) + paper_range(h100["paper_speedup"])),
             **ran(f, ZF_RECORD)}
 
 
