@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from zenflow.config import ConfigError, ZenFlowConfig
-from zenflow.harness.cli import interval
+from zenflow.harness.cli import interval, split_problem
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK
 from zenflow.harness.placement import check_placement
 from zenflow.telemetry.environment import capture_environment, visible_gpus
@@ -117,9 +117,9 @@ def check_placement_knob() -> None:
         check_placement(value)
     except ValueError as exc:
         raise pytest.UsageError(f"ZENFLOW_BENCH_PLACEMENT: {exc}") from None
-    if value == "split" and len(os.sched_getaffinity(0)) < 2:
-        raise pytest.UsageError(f"ZENFLOW_BENCH_PLACEMENT: 'split' needs 2 cores, this process has "
-                                f"{len(os.sched_getaffinity(0))}: expected 'shared' here")
+    problem = split_problem(cuda=False) if value == "split" else None  # the split's workloads run on the CPU
+    if problem:
+        raise pytest.UsageError(f"ZENFLOW_BENCH_PLACEMENT: {problem}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

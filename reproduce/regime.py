@@ -25,6 +25,8 @@ import time
 from functools import partial
 from pathlib import Path
 
+import llama7b  # reproduce/llama7b.py (this script runs from reproduce/)
+
 from zenflow.harness import cli, local_inputs
 from zenflow.harness.configs import DEEPSPEED_EXAMPLES_BLOCK, ENGINES, TINY_LLAMA_SHAPE
 from zenflow.harness.engines.build import deepspeed_config
@@ -33,7 +35,7 @@ from zenflow.harness.plans import PlannedRun, execute, report_existing
 from zenflow.harness.preflight import PreflightError, check_build_locks
 from zenflow.harness.session import RunSpec
 from zenflow.harness.tables import read_csv
-from zenflow.reports.regime import regime_report
+from zenflow.reports.regime import analog_row, regime_report
 from zenflow.reports.regime_validation import calibration_path
 from zenflow.telemetry.environment import capture_environment
 
@@ -127,7 +129,8 @@ def plan(args: argparse.Namespace) -> list[PlannedRun]:
 
 def calibrate(out: Path) -> None:
     """The day's calibration for the sweep's cost-model validation, taken before the runs on the same machine (a
-    refused one, too unstable to keep, leaves the validation to say it has none; the runs go ahead)."""
+    refused one, too unstable to keep, leaves the validation to say it has none; the runs go ahead). A process of
+    its own: its contention probe re-pins threads and sets torch's thread count, which this one should not inherit."""
     path = calibration_path(out)
     print(f"regime: calibrating the cost model first ({path}); started {time.strftime('%H:%M:%S')}", file=sys.stderr)
     done = subprocess.run([sys.executable, "-m", "zenflow.costmodel.calibrate", "--out", str(path), "--seqs",
@@ -140,8 +143,8 @@ def calibrate(out: Path) -> None:
 def analog_tokens(out: Path) -> int | None:
     """The tokens per step of the sweep's analog point, as `out`'s regime.csv marks it (None without one)."""
     path = out / "regime.csv"
-    rows = read_csv(path) if path.is_file() else []
-    return next((int(r["tokens"]) for r in rows if r.get("analog_point") == "True"), None)
+    row = analog_row(read_csv(path)) if path.is_file() else None
+    return None if row is None else int(row["tokens"])
 
 
 def convergence(args: argparse.Namespace, out: Path) -> int:
@@ -151,13 +154,12 @@ def convergence(args: argparse.Namespace, out: Path) -> int:
         return cli.refuse(f"argument --convergence: {out / 'regime.csv'} marks no analog point (run the sweep "
                           "first, or --report-only to remake it)")
     engines = list(CONVERGENCE_ENGINES) if args.engines == list(REGIME_ENGINES) else args.engines
-    command = [sys.executable, str(ROOT / "reproduce" / "llama7b.py"), "--convergence", "--placement", "split",
-               "--seq-len", str(tokens), "--dtype", args.dtype, "--data", str(args.data), "--engines", *engines,
-               "--repeats", str(args.repeats), "--out", str(out / "convergence"),
+    command = ["--convergence", "--placement", "split", "--seq-len", str(tokens), "--dtype", args.dtype, "--data",
+               str(args.data), "--engines", *engines, "--repeats", str(args.repeats), "--out", str(out / "convergence"),
                *(["--resume"] if args.resume else []), *(["--smoke"] if args.smoke else [])]
-    print(f"regime: Llama convergence at the analog point ({tokens} tokens per step): {' '.join(command[1:])}",
-          file=sys.stderr)
-    return subprocess.run(command, cwd=ROOT).returncode
+    print(f"regime: Llama convergence at the analog point ({tokens} tokens per step): reproduce/llama7b.py "
+          f"{' '.join(command)}", file=sys.stderr)
+    return llama7b.main(command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -205,7 +205,7 @@ def test_the_analog_point_is_the_one_regime_csv_marks(tmp_path: Path) -> None:
     sweep.parent.mkdir(parents=True)
     sweep.write_text("tokens,rho,analog_point\n2,0.37,True\n4,0.22,False\n")
     files = Files(tmp_path, (claim_analog.SWEEP,))
-    assert claim_analog.analog_row(files)["tokens"] == 2.0
+    assert claim_analog.analog_point(files)["tokens"] == 2.0
     sweep.write_text("tokens,rho,analog_point\n2,0.37,False\n4,0.22,False\n")  # none marked: refused, never guessed
     with pytest.raises(ClaimError, match="analog point"):
-        claim_analog.analog_row(files)
+        claim_analog.analog_point(files)

@@ -147,15 +147,20 @@ def add_placement(ap: argparse.ArgumentParser) -> None:
 def check_placement_args(ap: argparse.ArgumentParser, args: argparse.Namespace, cuda: bool,
                          nproc: int = 1) -> None:
     """A split needs a host without a GPU (on a GPU the device is the GPU) and two cores per rank; one line each."""
-    if args.placement != "split":
-        return
+    problem = split_problem(cuda, nproc) if args.placement == "split" else None
+    if problem:
+        ap.error(f"argument --placement: {problem}")
+
+
+def split_problem(cuda: bool, nproc: int = 1) -> str | None:
+    """Why a split cannot run here (on a GPU, or with fewer than two cores per rank), or None."""
     if cuda:
-        ap.error("argument --placement: 'split' is not allowed on a GPU (the device's work is the GPU's): expected "
-                 "'shared', or --device cpu")
+        return "'split' is not allowed on a GPU (the device's work is the GPU's): expected 'shared', or --device cpu"
     cores = len(os.sched_getaffinity(0)) // max(1, nproc)
     if cores < 2:
-        ap.error(f"argument --placement: 'split' is not allowed with {cores} core(s) per rank: expected at least 2 "
-                 "(one for the device's work, one for the host's)")
+        return (f"'split' is not allowed with {cores} core(s) per rank: expected at least 2 (one for the device's "
+                "work, one for the host's)")
+    return None
 
 
 def placement_name(placement: str) -> str:

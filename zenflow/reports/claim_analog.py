@@ -12,8 +12,9 @@ from typing import Any
 
 from zenflow.reports.claim import DOES_NOT_HOLD, Claim, ClaimError, Files
 from zenflow.reports.claim_list import faster, hidden_verdict, speedup_verdict, stall_verdict
-from zenflow.reports.claim_numbers import COST, EPYC, bounds, paper_range, ran
+from zenflow.reports.claim_numbers import COST, EPYC, bounds, outcome, paper_range, ran
 from zenflow.reports.intervals import ratio_cell, row_interval
+from zenflow.reports.regime import analog_row
 
 REGIME = f"regime/{EPYC}"
 SWEEP, SWEEP_RECORD = f"{REGIME}/regime.csv", f"{REGIME}/t0002-ref-offload-r0.json"  # the record: where and when
@@ -26,19 +27,19 @@ WHERE = "{hw}, {day}, split placement"
 RERUN = (("`make reproduce-regime`", SWEEP_RECORD),)
 
 
-def analog_row(f: Files) -> dict[str, Any]:
+def analog_point(f: Files) -> dict[str, Any]:
     """The sweep's row the analog verdicts are read at (regime.csv's `analog_point`)."""
-    rows = [r for r in f.csv(SWEEP) if r.get("analog_point") in (True, "True")]
-    if len(rows) != 1:
-        raise ClaimError(f"{SWEEP}: {len(rows)} rows marked as the analog point, expected 1 (remake it: python "
-                         "reproduce/regime.py --report-only)")
-    return rows[0]
+    row = analog_row(f.csv(SWEEP))
+    if row is None:
+        raise ClaimError(f"{SWEEP}: no single row marked as the analog point (remake it: python reproduce/regime.py "
+                         "--report-only)")
+    return row
 
 
-def point_numbers(f: Files) -> dict[str, Any]:
-    """What every analog claim names: the point (its tokens per step and ρ), where and when it ran; and its row."""
-    row = analog_row(f)
-    return {"row": row, "tokens": row["tokens"], "rho": row["rho"], **ran(f, SWEEP_RECORD)}
+def point(f: Files) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The analog point's row, and what every analog claim names: its tokens per step and ρ, where and when."""
+    row = analog_point(f)
+    return row, {"tokens": row["tokens"], "rho": row["rho"], **ran(f, SWEEP_RECORD)}
 
 
 def _ours(row: dict[str, Any]) -> str:
@@ -46,8 +47,7 @@ def _ours(row: dict[str, Any]) -> str:
 
 
 def speedup_analog_numbers(f: Files) -> dict[str, Any]:
-    n = point_numbers(f)
-    row = n.pop("row")
+    row, n = point(f)
     proj = {(r["gpu"], r["model"]): r for r in f.csv(f"{COST}/projection.csv")}
     paper = paper_range(proj[("a100", "Llama-2-7B")]["paper_speedup"]) \
         + paper_range(proj[("h100", "Llama-2-7B")]["paper_speedup"])
@@ -59,29 +59,25 @@ def speedup_analog_numbers(f: Files) -> dict[str, Any]:
 
 
 def stall_analog_numbers(f: Files) -> dict[str, Any]:
-    n = point_numbers(f)
-    row = n.pop("row")
+    row, n = point(f)
     return {**n, "zf_red": 100 * row["stall_reduction"]}
 
 
 def same_frequency_analog_numbers(f: Files) -> dict[str, Any]:
-    n = point_numbers(f)
-    row = n.pop("row")
+    row, n = point(f)
     return {**n, "over_gas": ratio_cell(row_interval(row, "ref-zenflow/ref-offload-gas")), "ours": _ours(row),
             "ds_zf": ratio_cell(row_interval(row, "ds-zenflow-intended/ds-zero-offload")),
             **bounds(row, "ref-zenflow/ref-offload-gas", "gas")}
 
 
 def step_trace_analog_numbers(f: Files) -> dict[str, Any]:
-    n = point_numbers(f)
-    row = n.pop("row")
+    row, n = point(f)
     return {**n, "zf_hidden": row["hidden_share"], **bounds(row, "hidden_share", "zf_hidden")}
 
 
 def time_to_loss_analog_numbers(f: Files) -> dict[str, Any]:
     """The Llama convergence run at the analog point: ref-zenflow's time to ds-zero-offload's final loss."""
-    n = point_numbers(f)
-    n.pop("row")
+    _, n = point(f)
     record = f.json(f"{CONVERGENCE}/ref-zenflow-r0.json")
     tokens = record["workload"]["seq_len"] * record["workload"].get("micro_batch", 1)
     if tokens != n["tokens"] or record["protocol"].get("placement") != "split":
@@ -93,8 +89,7 @@ def time_to_loss_analog_numbers(f: Files) -> dict[str, Any]:
     reached = zf["reached"] == zf["compared"]
     return {**n, "conv_runs": int(base["runs"]), "steps": len(record["steps"]), "target": base["final_smoothed_loss"],
             "zf_loss": zf["final_smoothed_loss"], "reached": zf["reached"], "compared": zf["compared"],
-            "to_loss": ratio_cell(row_interval(zf, "time_to_loss_speedup")) if reached else
-            f"missed in {zf['compared'] - zf['reached']:.0f} of {zf['compared']:.0f} rounds",
+            "to_loss": outcome(zf, "time_to_loss_speedup", "rounds"),
             "step": ratio_cell(row_interval(zf, "step_time_speedup")),
             **(bounds(zf, "time_to_loss_speedup", "loss") if reached else {})}  # judged only when reached
 

@@ -110,6 +110,12 @@ def nearest_point(rows: list[dict[str, Any]], paper: dict[str, Any] | None) -> d
     return min(measured, key=lambda r: abs(math.log(r["rho"] / target)))
 
 
+def analog_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row of a regime.csv (as read back: the mark is text) marked as the analog point; None if none is."""
+    marked = [r for r in rows if r.get("analog_point") in (True, "True")]
+    return marked[0] if len(marked) == 1 else None
+
+
 def regime_report(records: list[RunRecord], out: Path, env: dict[str, Any]) -> str:
     """tokens-<n>/ (each point's scenario report), regime.md/.csv and regime.png in `out`; returns regime.md."""
     check_one_placement(records)
